@@ -1,0 +1,1 @@
+"""The lesson on positional embeddings, as checks (``claims``) the library runs."""

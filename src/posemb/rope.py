@@ -1,0 +1,375 @@
+"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4).
+
+RoPE splits the first ``r`` channels of each query and key head into r/2 planes and turns plane
+i at position m by the angle m * theta_i. Because rotations compose, the logit between a query
+at m and a key at n depends on n - m only: <R_m q, R_n k> = q^T R_m^T R_n k = q^T R_(n-m) k.
+
+Which channels form a plane is a convention, and both are in wide use:
+
+- ``Layout.HALF`` pairs channel j with j + r/2 (GPT-NeoX, Hugging Face Llama: ``rotate_half``).
+- ``Layout.INTERLEAVED`` pairs channel 2j with 2j + 1 (RoFormer, GPT-J, Meta's Llama code).
+
+They are the same embedding up to a fixed permutation of the q/k projection rows
+(:func:`permute_layout`); mixing them up gives a model that runs and is quietly wrong.
+
+Three forms of the same rotation live here: :func:`apply_rope` (elementwise, the reference),
+:func:`rotation_matrix` (the block-diagonal Givens matrix R_m of the paper's eq. 13) and
+:func:`rope_complex` (the complex form of eq. 12). Tests hold them equal.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+from torch import nn
+
+from . import _checks
+from . import scaling as _scaling
+from .freqs import angles, cos_sin
+
+
+class Layout(str, enum.Enum):
+    """Which channels of a head form a rotation plane."""
+
+    HALF = "half"
+    """Channel j pairs with j + r/2 (GPT-NeoX / Llama ``rotate_half``)."""
+    INTERLEAVED = "interleaved"
+    """Channel 2j pairs with 2j + 1 (RoFormer / GPT-J / Meta)."""
+
+
+def as_layout(layout: object) -> Layout:
+    """Return ``layout`` as a :class:`Layout`, accepting its string value."""
+    try:
+        return Layout(layout)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in Layout)
+        raise ValueError(f"layout must be a posemb.Layout ({allowed}), got {layout!r}") from None
+
+
+def _pairs(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the last dimension (size r) into the two coordinates of each plane, ``(..., r/2)``."""
+    n = x.shape[-1] // 2
+    if layout is Layout.HALF:
+        return x[..., :n], x[..., n:]
+    return x[..., 0::2], x[..., 1::2]
+
+
+def _unpairs(a: torch.Tensor, b: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Inverse of :func:`_pairs`: two ``(..., r/2)`` tensors back to ``(..., r)``."""
+    if layout is Layout.HALF:
+        return torch.cat((a, b), dim=-1)
+    return torch.stack((a, b), dim=-1).flatten(-2)
+
+
+def _check_rope_input(x: object, cos: object, sin: object) -> tuple[torch.Tensor, int]:
+    x = _checks.float_tensor("x", x)
+    cos = _checks.float_tensor("cos", cos)
+    sin = _checks.float_tensor("sin", sin)
+    if x.dim() != 4:
+        raise ValueError(
+            f"x must have shape (batch, heads, seq, head_dim), got shape {tuple(x.shape)}"
+        )
+    batch, _, seq, head_dim = x.shape
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if cos.dim() not in (2, 3):
+        raise ValueError(
+            f"cos must have shape (seq, r/2) or (batch, seq, r/2), got shape {tuple(cos.shape)}"
+        )
+    n = cos.shape[-1]
+    if cos.shape[-2] != seq or (cos.dim() == 3 and cos.shape[0] not in (1, batch)):
+        raise ValueError(
+            f"cos of shape {tuple(cos.shape)} does not match x of shape {tuple(x.shape)}: "
+            f"allowed are ({seq}, r/2) or ({batch}, {seq}, r/2)"
+        )
+    if n < 1 or 2 * n > head_dim:
+        raise ValueError(
+            f"cos has {n} frequencies, so r = {2 * n} channels would rotate; allowed is "
+            f"1 <= r/2 and r <= head_dim = {head_dim}"
+        )
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; move it first")
+    return x, n
+
+
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: Layout | str = Layout.HALF,
+) -> torch.Tensor:
+    """Rotate the first r channels of every head by the angles whose cos and sin are given.
+
+    The plain reference that every fast path is tested against: for each plane (a, b),
+    a' = a cos - b sin and b' = b cos + a sin. The arithmetic runs in float32 (float64 for
+    float64 input) and the result is rounded once to ``x``'s dtype, so half-precision inputs
+    are not rounded between the two products.
+
+    Args:
+        x: ``(batch, heads, seq, head_dim)``.
+        cos: ``(seq, r/2)`` or ``(batch, seq, r/2)``, with r <= head_dim.
+        sin: same shape as ``cos``.
+        layout: which channels form a plane (:class:`Layout`).
+
+    Returns:
+        Tensor shaped and typed like ``x``; channels ``r:`` pass through unchanged.
+    """
+    x, n = _check_rope_input(x, cos, sin)
+    lay = as_layout(layout)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    # (seq, n) -> (1, 1, seq, n); (batch, seq, n) -> (batch, 1, seq, n): broadcast over heads.
+    c = cos.to(compute)
+    s = sin.to(compute)
+    c, s = (c[None, None], s[None, None]) if c.dim() == 2 else (c[:, None], s[:, None])
+    a, b = _pairs(x[..., : 2 * n].to(compute), lay)
+    rotated = _unpairs(a * c - b * s, b * c + a * s, lay).to(x.dtype)
+    return torch.cat((rotated, x[..., 2 * n :]), dim=-1)
+
+
+def rotation_matrix(
+    position: int, inv_freq: torch.Tensor, layout: Layout | str = Layout.INTERLEAVED
+) -> torch.Tensor:
+    """The block-diagonal Givens matrix R_m of Su et al. 2021, eq. 13, in float64.
+
+    R_m = diag(G(m theta_1), ..., G(m theta_{r/2})) with G(a) = [[cos a, -sin a], [sin a, cos a]]
+    acting on the planes of ``layout``; ``R_m @ v`` rotates a column vector ``v`` of size r.
+    An r x r matrix costs O(r^2) per position, which is why nobody computes RoPE this way; it
+    exists to state and test the algebra (R_m^T R_n = R_(n-m), det R_m = 1).
+
+    Args:
+        position: the position m (any integer).
+        inv_freq: ``(r/2,)`` frequencies.
+        layout: which channels form a plane.
+
+    Returns:
+        float64 tensor of shape ``(r, r)``.
+    """
+    lay = as_layout(layout)
+    a = angles(torch.tensor([int(position)]), inv_freq)[0]
+    c, s = torch.cos(a), torch.sin(a)
+    n = a.shape[0]
+    idx = torch.arange(n)
+    first, second = (idx, idx + n) if lay is Layout.HALF else (2 * idx, 2 * idx + 1)
+    m = torch.zeros(2 * n, 2 * n, dtype=torch.float64)
+    m[first, first] = c
+    m[first, second] = -s
+    m[second, first] = s
+    m[second, second] = c
+    return m
+
+
+def rope_complex(
+    x: torch.Tensor,
+    positions: torch.Tensor | list[int],
+    inv_freq: torch.Tensor,
+    layout: Layout | str = Layout.INTERLEAVED,
+) -> torch.Tensor:
+    """RoPE as complex multiplication (Su et al. 2021, eq. 12): z_i -> z_i * exp(i m theta_i).
+
+    Each plane (a, b) is the complex number a + i b; multiplying by the unit complex number
+    exp(i m theta) turns it by m theta. Computed in complex128.
+
+    Args:
+        x: ``(..., seq, r)`` where r = 2 * len(inv_freq).
+        positions: ``(seq,)`` integers.
+        inv_freq: ``(r/2,)`` frequencies.
+        layout: which channels form a plane.
+
+    Returns:
+        Tensor shaped and typed like ``x``.
+    """
+    x = _checks.float_tensor("x", x)
+    _checks.float_tensor("inv_freq", inv_freq)
+    lay = as_layout(layout)
+    pos = _checks.positions(positions, max_dim=1)
+    if (
+        inv_freq.dim() != 1
+        or x.dim() < 2
+        or x.shape[-1] != 2 * inv_freq.shape[0]
+        or x.shape[-2] != pos.shape[0]
+    ):
+        raise ValueError(
+            f"x must have shape (..., {pos.shape[0]}, {2 * inv_freq.shape[0]}) for "
+            f"{pos.shape[0]} positions and {inv_freq.shape[0]} frequencies, "
+            f"got shape {tuple(x.shape)}"
+        )
+    a, b = _pairs(x.to(torch.float64), lay)
+    theta = angles(pos, inv_freq).to(x.device)
+    z = torch.complex(a, b) * torch.polar(torch.ones_like(theta), theta)
+    return _unpairs(z.real, z.imag, lay).to(x.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(
+    scaling: _scaling.RopeScaling, rotary_dim: int, base: float, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    # Memoised per device so a GPU forward does not copy inv_freq from the host every call.
+    inv, factor = scaling.compute(rotary_dim, base)
+    return inv.to(device), factor
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates queries and keys by their positions; no parameters, no state.
+
+    Args:
+        head_dim: channels per head of q and k.
+        base: frequency base; must exceed 1 (10000 in RoFormer and Llama 2, 500000 in Llama 3).
+        rotary_dim: channels that rotate (the first ones of each head); even, <= head_dim;
+            default all (GPT-NeoX and Phi rotate a fraction).
+        layout: which channels form a plane (:class:`Layout`).
+        scaling: a :mod:`posemb.scaling` schedule; default :class:`posemb.scaling.Default`.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        layout: Layout | str = Layout.HALF,
+        scaling: _scaling.RopeScaling | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = _checks.positive_int("head_dim", head_dim)
+        rd = head_dim if rotary_dim is None else rotary_dim
+        self.rotary_dim = _checks.even_int("rotary_dim", rd)
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim!r}")
+        self.base = _checks.base(base)
+        self.layout = as_layout(layout)
+        self.scaling = _scaling.check(scaling)
+
+    def cos_sin(
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cos and sin tables for ``positions``, the schedule's attention factor applied.
+
+        Args:
+            positions: integers of any shape ``P``.
+            dtype: output dtype.
+            device: output device; default that of ``positions``.
+
+        Returns:
+            ``(cos, sin)``, each ``P + (rotary_dim // 2,)``.
+        """
+        pos = _checks.positions(positions)
+        dev = torch.device(device) if device is not None else pos.device
+        inv, factor = _schedule(self.scaling, self.rotary_dim, self.base, dev)
+        cos, sin = cos_sin(pos, inv, dtype=dtype)
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos, sin
+
+    def _positions(self, x: torch.Tensor, positions: object) -> torch.Tensor:
+        batch, seq = x.shape[0], x.shape[2]
+        if positions is None:
+            return torch.arange(seq, device=x.device)
+        pos = _checks.positions(positions, max_dim=2)
+        if pos.shape[-1] != seq or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
+            raise ValueError(
+                f"positions must have shape ({seq},) or ({batch}, {seq}) for q of shape "
+                f"{tuple(x.shape)}, got shape {tuple(pos.shape)}"
+            )
+        return pos.to(x.device)
+
+    def _check(self, name: str, x: object) -> torch.Tensor:
+        x = _checks.float_tensor(name, x)
+        if x.dim() != 4 or x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{name} must have shape (batch, heads, seq, head_dim={self.head_dim}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        return x
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate one tensor ``(batch, heads, seq, head_dim)``; positions as in :meth:`forward`."""
+        x = self._check("x", x)
+        pos = self._positions(x, positions)
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(pos, dtype=compute, device=x.device)
+        return apply_rope(x, cos, sin, self.layout)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys that sit at the same positions.
+
+        Args:
+            q: ``(batch, q_heads, seq, head_dim)``.
+            k: ``(batch, kv_heads, seq, head_dim)``; kv_heads may differ from q_heads (GQA/MQA).
+            positions: ``(seq,)`` or ``(batch, seq)`` integers, any values (a KV-cache decode
+                step passes its offset here); default ``0 .. seq-1``.
+
+        Returns:
+            ``(q, k)`` rotated, each with its input's shape and dtype.
+        """
+        q = self._check("q", q)
+        k = self._check("k", k)
+        if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+            raise ValueError(
+                f"q and k must share batch and seq (they sit at the same positions), got "
+                f"q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        pos = self._positions(q, positions)
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(pos, dtype=compute, device=q.device)
+        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
+            f"layout={self.layout.value}, scaling={self.scaling!r}"
+        )
+
+
+def permute_layout(
+    weight: torch.Tensor,
+    num_heads: int,
+    to: Layout | str,
+    rotary_dim: int | None = None,
+) -> torch.Tensor:
+    """Reorder the output rows of a q or k projection so a model runs under the other layout.
+
+    Converting Meta's interleaved checkpoints to Hugging Face's ``rotate_half`` form is this
+    permutation (to ``HALF``): within each head, old rows (2j, 2j+1) become rows (j, j + r/2).
+    Because q and k are permuted alike, every logit q . k is unchanged, and v and the output
+    projection need nothing. The other direction is the inverse permutation.
+
+    Args:
+        weight: ``(num_heads * head_dim, in_features)`` weight or ``(num_heads * head_dim,)``
+            bias, in the layout opposite to ``to``.
+        num_heads: heads in this projection (the KV head count for a GQA k projection).
+        to: the layout the result is for.
+        rotary_dim: rotated channels per head (partial rotary); default all of ``head_dim``.
+
+    Returns:
+        A new tensor shaped like ``weight``; the input is not modified.
+    """
+    w = _checks.float_tensor("weight", weight)
+    _checks.positive_int("num_heads", num_heads)
+    lay = as_layout(to)
+    if w.dim() not in (1, 2) or w.shape[0] % num_heads:
+        raise ValueError(
+            f"weight must be (num_heads * head_dim, in_features) or (num_heads * head_dim,) with "
+            f"rows divisible by num_heads = {num_heads}, got shape {tuple(w.shape)}"
+        )
+    head_dim = w.shape[0] // num_heads
+    r = head_dim if rotary_dim is None else rotary_dim
+    _checks.even_int("rotary_dim", r)
+    if r > head_dim:
+        raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim!r}")
+    half = torch.arange(r // 2)
+    if lay is Layout.HALF:
+        within = torch.cat((2 * half, 2 * half + 1))
+    else:
+        within = torch.stack((half, half + r // 2), dim=-1).flatten()
+    within = torch.cat((within, torch.arange(r, head_dim)))
+    rows = (torch.arange(num_heads)[:, None] * head_dim + within).flatten()
+    return w.index_select(0, rows.to(w.device))

@@ -1,0 +1,322 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from rotary_embedding_torch import apply_rotary_emb as ret_apply_rotary_emb
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_rotary_pos_emb
+
+import posemb
+from posemb import Layout
+from tolerances import TOL, assert_close
+
+F64 = torch.float64
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _tables(positions, rotary_dim, base=10000.0, dtype=F64):
+    return posemb.cos_sin(positions, posemb.inv_freq(rotary_dim, base, dtype=F64), dtype)
+
+
+# --- the three forms ---------------------------------------------------------------------------
+
+
+@given(
+    half_r=st.integers(1, 12),
+    positions=st.lists(st.integers(-(1 << 20), 1 << 20), min_size=1, max_size=6),
+    layout=st.sampled_from(list(Layout)),
+)
+def test_elementwise_matrix_complex_forms_agree(half_r, positions, layout):
+    r = 2 * half_r
+    g = torch.Generator().manual_seed(half_r)
+    x = torch.randn(2, 3, len(positions), r, generator=g, dtype=F64)
+    pos = torch.tensor(positions)
+    theta = posemb.inv_freq(r, dtype=F64)
+    cos, sin = _tables(pos, r)
+    elementwise = posemb.apply_rope(x, cos, sin, layout)
+    mats = torch.stack([posemb.rotation_matrix(p, theta, layout) for p in positions])
+    torch.testing.assert_close(elementwise, torch.einsum("sij,bhsj->bhsi", mats, x), **TOL[F64])
+    torch.testing.assert_close(elementwise, posemb.rope_complex(x, pos, theta, layout), **TOL[F64])
+
+
+# --- the algebra of the lesson -----------------------------------------------------------------
+
+positions_st = st.integers(-(1 << 16), 1 << 16)
+
+
+@given(positions_st, positions_st, st.sampled_from(list(Layout)))
+def test_rotation_algebra(m, n, layout):
+    theta = posemb.inv_freq(16, dtype=F64)
+    rm, rn = posemb.rotation_matrix(m, theta, layout), posemb.rotation_matrix(n, theta, layout)
+    # Angles near 2^16 rad carry float64 rounding of ~2^16 * 1e-16.
+    tol = {"atol": 1e-10, "rtol": 0}
+    torch.testing.assert_close(rm.T @ rn, posemb.rotation_matrix(n - m, theta, layout), **tol)
+    torch.testing.assert_close(rm @ rn, posemb.rotation_matrix(m + n, theta, layout), **tol)
+    torch.testing.assert_close(rm.T @ rm, torch.eye(16, dtype=F64), **tol)
+    assert float(torch.linalg.det(rm)) == pytest.approx(1.0, abs=1e-12)
+
+
+@given(positions_st, positions_st, st.integers(-(1 << 20), 1 << 20), st.sampled_from(list(Layout)))
+def test_logit_depends_on_offset_only(m, n, shift, layout):
+    g = torch.Generator().manual_seed(0)
+    rope = posemb.RotaryEmbedding(32, layout=layout)
+    q, k = torch.randn(2, 1, 1, 1, 32, generator=g, dtype=F64)
+
+    def logit(a, b):
+        return (rope.rotate(q, torch.tensor([a])) * rope.rotate(k, torch.tensor([b]))).sum()
+
+    torch.testing.assert_close(logit(m + shift, n + shift), logit(m, n), atol=1e-9, rtol=1e-9)
+
+
+@given(st.lists(st.integers(-(1 << 30), 1 << 30), min_size=1, max_size=5))
+def test_norm_preserved(positions):
+    x = torch.randn(1, 2, len(positions), 24, generator=torch.Generator().manual_seed(1), dtype=F64)
+    y = posemb.RotaryEmbedding(24).rotate(x, torch.tensor(positions))
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), **TOL[F64])
+
+
+def test_toy_trace():
+    theta = torch.tensor([torch.pi / 4], dtype=F64)
+    e1 = torch.tensor([1.0, 0.0], dtype=F64)
+    dot = (posemb.rotation_matrix(3, theta) @ e1) @ (posemb.rotation_matrix(1, theta) @ e1)
+    assert abs(float(dot)) < 1e-15
+
+
+# --- against other implementations -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 4, 17, 64), (1, 1, 1, 8), (3, 2, 217, 32)])
+def test_half_layout_matches_transformers(dtype, shape):
+    g = torch.Generator().manual_seed(0)
+    b, _, s, d = shape
+    q = torch.randn(shape, generator=g).to(dtype)
+    k = torch.randn(b, 1, s, d, generator=g).to(dtype)
+    pos = torch.randint(0, 100_000, (b, s), generator=g)
+    cos, sin = _tables(pos, d, dtype=dtype)
+    # transformers wants full-width tables: the same angle on channels j and j + d/2.
+    hf_q, hf_k = hf_apply_rotary_pos_emb(q, k, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+    assert_close(posemb.apply_rope(q, cos, sin, Layout.HALF), hf_q, dtype)
+    assert_close(posemb.apply_rope(k, cos, sin, Layout.HALF), hf_k, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (64, 32), (10, 6)])
+def test_interleaved_layout_matches_rotary_embedding_torch(dtype, head_dim, rotary_dim):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 33, head_dim, generator=g).to(dtype)
+    pos = torch.arange(7, 40)
+    angles = posemb.angles(pos, posemb.inv_freq(rotary_dim, dtype=F64))
+    # rotary-embedding-torch takes angles repeated per pair: (seq, r/2) -> (seq, r) interleaved.
+    freqs = angles.repeat_interleave(2, dim=-1).to(dtype)
+    want = ret_apply_rotary_emb(freqs, x)
+    cos, sin = _tables(pos, rotary_dim, dtype=dtype)
+    assert_close(posemb.apply_rope(x, cos, sin, Layout.INTERLEAVED), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", list(Layout))
+def test_low_precision_against_float64_reference(dtype, layout):
+    g = torch.Generator().manual_seed(2)
+    x64 = torch.randn(2, 3, 217, 48, generator=g, dtype=F64)
+    x = x64.to(dtype)
+    pos = torch.randint(0, 1 << 20, (2, 217), generator=g)
+    want = posemb.apply_rope(x.to(F64), *_tables(pos, 32), layout)
+    # Tables come in the precision the computation runs in: float64 for float64, else float32.
+    table_dtype = F64 if dtype == F64 else torch.float32
+    got = posemb.apply_rope(x, *_tables(pos, 32, dtype=table_dtype), layout)
+    assert got.dtype == dtype
+    assert_close(got, want, dtype)
+
+
+def test_partial_rotary_passes_channels_through():
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = _tables(torch.arange(5), 6, dtype=torch.float32)
+    for layout in Layout:
+        y = posemb.apply_rope(x, cos, sin, layout)
+        assert torch.equal(y[..., 6:], x[..., 6:])
+        full = posemb.apply_rope(x[..., :6], cos, sin, layout)
+        assert torch.equal(y[..., :6], full)
+
+
+def test_apply_rope_autograd_is_inverse_rotation():
+    # The gradient of a rotation is the rotation by -theta: rotating the upstream gradient back.
+    x = torch.randn(1, 2, 9, 16, dtype=F64, requires_grad=True)
+    pos = torch.arange(100, 109)
+    cos, sin = _tables(pos, 16)
+    upstream = torch.randn(1, 2, 9, 16, dtype=F64)
+    posemb.apply_rope(x, cos, sin).backward(upstream)
+    torch.testing.assert_close(x.grad, posemb.apply_rope(upstream, cos, -sin), **TOL[F64])
+    assert torch.autograd.gradcheck(
+        lambda t: posemb.apply_rope(t, cos, sin, Layout.INTERLEAVED), (x,)
+    )
+
+
+# --- the module --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_module_gqa_positions_and_offsets(layout):
+    rope = posemb.RotaryEmbedding(32, base=500000.0, rotary_dim=24, layout=layout)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 8, 11, 32, generator=g)
+    k = torch.randn(2, 1, 11, 32, generator=g)
+    qr, kr = rope(q, k)
+    cos, sin = posemb.cos_sin(torch.arange(11), posemb.inv_freq(24, 500000.0, dtype=F64))
+    assert torch.equal(qr, posemb.apply_rope(q, cos, sin, layout))
+    assert torch.equal(kr, posemb.apply_rope(k, cos, sin, layout))
+    # A decode step at position t equals row t of the full forward.
+    q5, k5 = rope(q[:, :, 5:6], k[:, :, 5:6], torch.tensor([5]))
+    torch.testing.assert_close(q5, qr[:, :, 5:6], **TOL[torch.float32])
+    torch.testing.assert_close(k5, kr[:, :, 5:6], **TOL[torch.float32])
+    # Batch-dependent positions: each row rotates by its own.
+    pos = torch.stack((torch.arange(11), torch.arange(100, 111)))
+    qb, _ = rope(q, k, pos)
+    assert torch.equal(qb[0], qr[0])
+    q_shift, _ = rope(q[1:], k[1:], torch.arange(100, 111))
+    assert torch.equal(qb[1:], q_shift)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_module_keeps_dtype(dtype):
+    q = torch.randn(1, 2, 3, 8).to(dtype)
+    qr, kr = posemb.RotaryEmbedding(8)(q, q)
+    assert qr.dtype == kr.dtype == dtype
+
+
+def test_linear_scaling_schedule():
+    theta = posemb.inv_freq(16, dtype=F64)
+    inv, factor = posemb.scaling.Linear(4.0).compute(16, 10000.0)
+    torch.testing.assert_close(inv, theta / 4, rtol=1e-15, atol=0)
+    assert factor == 1.0
+    assert torch.equal(posemb.scaling.Linear(1).compute(16, 10000.0)[0], theta)
+    # Position interpolation: position 4m under Linear(4) is position m under Default.
+    q = torch.randn(1, 1, 3, 16, dtype=F64)
+    pi = posemb.RotaryEmbedding(16, scaling=posemb.scaling.Linear(4.0))
+    torch.testing.assert_close(
+        pi.rotate(q, torch.tensor([0, 4, 8])), posemb.RotaryEmbedding(16).rotate(q), **TOL[F64]
+    )
+
+
+# --- layout conversion -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rotary_dim", [None, 8])
+def test_permute_layout_gives_identical_attention(rotary_dim):
+    g = torch.Generator().manual_seed(4)
+    hidden, heads, kv_heads, head_dim, seq = 40, 4, 2, 12, 9
+    wq = torch.randn(heads * head_dim, hidden, generator=g, dtype=F64) / 6
+    bq = torch.randn(heads * head_dim, generator=g, dtype=F64)
+    wk = torch.randn(kv_heads * head_dim, hidden, generator=g, dtype=F64) / 6
+    wv = torch.randn(kv_heads * head_dim, hidden, generator=g, dtype=F64) / 6
+    x = torch.randn(2, seq, hidden, generator=g, dtype=F64)
+
+    def run(wq_, bq_, wk_, layout):
+        def heads_of(t, n):  # (b, s, n * hd) -> (b, n, s, hd)
+            return t.view(2, seq, n, head_dim).transpose(1, 2)
+
+        rope = posemb.RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout)
+        q, k = rope(heads_of(x @ wq_.T + bq_, heads), heads_of(x @ wk_.T, kv_heads))
+        return posemb.attention(q, k, heads_of(x @ wv.T, kv_heads), causal=True)
+
+    meta = run(wq, bq, wk, Layout.INTERLEAVED)
+    conv = [
+        posemb.permute_layout(w, n, Layout.HALF, rotary_dim)
+        for w, n in ((wq, heads), (bq, heads), (wk, kv_heads))
+    ]
+    hf = run(*conv, Layout.HALF)
+    torch.testing.assert_close(hf, meta, **TOL[F64])
+    # Without the conversion the model runs and is quietly wrong.
+    assert float((run(wq, bq, wk, Layout.HALF) - meta).abs().max()) > 1e-2
+    # Round trip restores the weights exactly.
+    back = posemb.permute_layout(conv[0], heads, Layout.INTERLEAVED, rotary_dim)
+    assert torch.equal(back, wq)
+
+
+def test_permute_layout_row_order():
+    w = torch.arange(8.0)[:, None].repeat(1, 3)  # one head of 8 rows, row i holds i
+    out = posemb.permute_layout(w, 1, "half")
+    # Interleaved pairs (0,1), (2,3), (4,5), (6,7) become half-layout rows (j, j + 4).
+    assert out[:, 0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert posemb.permute_layout(w, 1, "interleaved")[:, 0].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert torch.equal(w[:, 0], torch.arange(8.0))  # input untouched
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+x4 = torch.zeros(2, 3, 5, 8)
+c5, s5 = _tables(torch.arange(5), 8, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: posemb.RotaryEmbedding(7), "rotary_dim must be even"),
+        (lambda: posemb.RotaryEmbedding(8, rotary_dim=5), "rotary_dim must be even"),
+        (
+            lambda: posemb.RotaryEmbedding(8, rotary_dim=10),
+            "rotary_dim must be <= head_dim = 8, got 10",
+        ),
+        (lambda: posemb.RotaryEmbedding(8, base=1.0), "base must be finite and greater than 1"),
+        (lambda: posemb.RotaryEmbedding(8, base=-3), "base must be finite and greater than 1"),
+        (lambda: posemb.RotaryEmbedding(8, layout="neox"), "layout must be a posemb.Layout"),
+        (
+            lambda: posemb.RotaryEmbedding(8, scaling={"rope_type": "linear"}),
+            "scaling must be a posemb.scaling",
+        ),
+        (lambda: posemb.scaling.Linear(0.5), "factor must be >= 1"),
+        (
+            lambda: posemb.RotaryEmbedding(8)(x4, x4, torch.arange(5.0)),
+            "positions must have an integer dtype",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8)(x4, x4, torch.arange(6)),
+            r"positions must have shape \(5,\) or \(2, 5\)",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8)(x4, x4, torch.zeros(2, 5, 1, dtype=torch.long)),
+            "positions must have shape",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8)(x4, torch.zeros(2, 3, 5, 6)),
+            r"k must have shape \(batch, heads, seq, head_dim=8\)",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8)(x4, torch.zeros(2, 3, 4, 8)),
+            "q and k must share batch and seq",
+        ),
+        (lambda: posemb.RotaryEmbedding(8)(x4.long(), x4), "q must have a floating dtype"),
+        (lambda: posemb.apply_rope(x4.int(), c5, s5), "x must have a floating dtype"),
+        (
+            lambda: posemb.apply_rope(x4[0], c5, s5),
+            r"x must have shape \(batch, heads, seq, head_dim\)",
+        ),
+        (lambda: posemb.apply_rope(x4, c5[:4], s5[:4]), "does not match x"),
+        (
+            lambda: posemb.apply_rope(x4, c5[None].repeat(3, 1, 1), s5[None].repeat(3, 1, 1)),
+            "does not match x",
+        ),
+        (lambda: posemb.apply_rope(x4, c5, s5[:, :2]), "cos and sin must have the same shape"),
+        (
+            lambda: posemb.apply_rope(x4, c5[None, None], s5[None, None]),
+            r"cos must have shape \(seq, r/2\)",
+        ),
+        (lambda: posemb.apply_rope(x4[..., :6], c5, s5), "r = 8 channels would rotate"),
+        (lambda: posemb.apply_rope(x4, c5.long(), s5), "cos must have a floating dtype"),
+        (
+            lambda: posemb.permute_layout(torch.zeros(10, 4), 3, "half"),
+            "divisible by num_heads = 3",
+        ),
+        (
+            lambda: posemb.permute_layout(torch.zeros(12, 4), 2, "half", rotary_dim=8),
+            "rotary_dim must be <= head_dim = 6",
+        ),
+        (
+            lambda: posemb.permute_layout(torch.zeros(12, 4), 0, "half"),
+            "num_heads must be a positive integer",
+        ),
+        (lambda: posemb.permute_layout(torch.zeros(12, 4), 2, "sideways"), "layout must be"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
