@@ -263,7 +263,7 @@ c5, s5 = _tables(torch.arange(5), 8, dtype=torch.float32)
             lambda: posemb.RotaryEmbedding(8, scaling={"rope_type": "linear"}),
             "scaling must be a posemb.scaling",
         ),
-        (lambda: posemb.scaling.Linear(0.5), "factor must be >= 1"),
+        (lambda: posemb.scaling.Linear(0.5), r"Linear.factor must be a finite number >= 1"),
         (
             lambda: posemb.RotaryEmbedding(8)(x4, x4, torch.arange(5.0)),
             "positions must have an integer dtype",

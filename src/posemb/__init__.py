@@ -4,7 +4,7 @@ The public API is re-exported here; heavy optional dependencies are imported laz
 modules that need them, so ``import posemb`` costs little beyond ``import torch``.
 """
 
-from . import scaling
+from . import hf, scaling
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import attention, attention_probs, permutation_matrix
 from .freqs import angles, cos_sin, inv_freq, wavelengths
@@ -30,6 +30,7 @@ __all__ = [
     "attention",
     "attention_probs",
     "cos_sin",
+    "hf",
     "inv_freq",
     "permutation_matrix",
     "permute_layout",

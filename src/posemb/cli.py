@@ -55,6 +55,139 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(r["passed"] for r in rows) else 1
 
 
+def inspect_report(
+    config: dict[str, object], seq_len: int | None = None, layer_type: str | None = None
+) -> dict[str, object]:
+    """What ``posemb inspect`` reports about a config's RoPE, as a JSON-ready dict."""
+    import math
+
+    from . import hf
+    from .scaling import Default
+
+    spec = hf.rope_spec(config, layer_type)
+    inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
+    default, _ = Default().compute(spec.rotary_dim, spec.base)
+    ctx = spec.original_context
+    inv_l = inv.tolist()
+    lam = [2 * math.pi / f if f > 0 else None for f in inv_l]
+    # Judged on the unscaled wavelengths, the ones pre-training saw: pairs slower than the
+    # original context never completed a turn there, which is what the scalings act on.
+    slow = (
+        [] if ctx is None else [i for i, f in enumerate(default.tolist()) if 2 * math.pi / f > ctx]
+    )
+    return {
+        "rope_type": spec.rope_type,
+        "head_dim": spec.head_dim,
+        "rotary_dim": spec.rotary_dim,
+        "base": spec.base,
+        "attention_factor": factor,
+        "seq_len": seq_len,
+        "original_context": ctx,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "scaling": repr(spec.scaling),
+        "inv_freq": inv_l,
+        "wavelengths": lam,
+        "scale": [d / f if f > 0 else None for d, f in zip(default.tolist(), inv_l, strict=True)],
+        "bands": spec.scaling.bands(spec.rotary_dim, spec.base),
+        "less_than_one_turn": slow,
+    }
+
+
+def format_inspect(r: dict[str, object]) -> str:
+    """Render :func:`inspect_report` as text: a header and one row per frequency."""
+
+    def num(v: object, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        f"rope_type {r['rope_type']}   head_dim {r['head_dim']}   rotary_dim {r['rotary_dim']}   "
+        f"base {r['base']:g}   attention_factor {r['attention_factor']:.6g}",
+        f"original context {num(r['original_context'], ',')} tokens   "
+        f"max_position_embeddings {num(r['max_position_embeddings'], ',')}   "
+        f"seq_len {num(r['seq_len'], ',')}",
+        f"schedule {r['scaling']}",
+        "",
+        f"{'i':>4}  {'inv_freq':>12}  {'wavelength':>14}  {'scale':>9}  band",
+    ]
+    bands = r["bands"] or [""] * len(r["inv_freq"])  # type: ignore[arg-type]
+    for i, (f, w, s, b) in enumerate(
+        zip(r["inv_freq"], r["wavelengths"], r["scale"], bands, strict=True)  # type: ignore[arg-type]
+    ):
+        lines.append(f"{i:>4}  {f:>12.6e}  {num(w, '>14,.2f')}  {num(s, '>9.4f')}  {b}")
+    slow = r["less_than_one_turn"]
+    lines.append("")
+    if r["original_context"] is None:
+        lines.append("the config names no context length, so turns per context are not known")
+    elif slow:
+        lines.append(
+            f"{len(slow)} of {len(r['inv_freq'])} frequencies complete less than one turn within "  # type: ignore[arg-type]
+            f"the original context of {r['original_context']:,} tokens at their unscaled "  # type: ignore[arg-type]
+            f"wavelength: pairs {_ranges(slow)}"
+        )
+    else:
+        lines.append(
+            f"every frequency completes at least one turn within {r['original_context']:,} tokens"
+        )
+    return "\n".join(lines)
+
+
+def _ranges(idx: list[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out, start = [], idx[0]
+    for a, b in zip(idx, [*idx[1:], None], strict=True):
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else f"{a}")
+            start = b
+    return ", ".join(out)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from . import hf
+
+    report = inspect_report(hf.load_config(args.config), args.seq_len, args.layer_type)
+    print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from . import hf
+
+    heads, kv, rotary = args.num_heads, args.num_kv_heads, args.rotary_dim
+    if args.config is not None:
+        shape = hf.attention_shape(hf.load_config(args.config))
+        heads = heads or shape.num_heads
+        kv = kv or shape.num_kv_heads
+        rotary = rotary or shape.rotary_dim
+    if heads is None:
+        raise ValueError("--num-heads is required unless --config gives num_attention_heads")
+    converted = hf.convert_checkpoint(
+        args.input,
+        args.output,
+        to=args.to,
+        num_heads=heads,
+        num_kv_heads=kv,
+        rotary_dim=rotary,
+        q_pattern=args.q_pattern,
+        k_pattern=args.k_pattern,
+        overwrite=args.force,
+    )
+    print(
+        f"converted {len(converted)} q/k tensors to the {args.to} layout "
+        f"({heads} q heads, {kv or heads} kv heads); wrote {args.output}"
+    )
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``posemb`` command."""
     parser = argparse.ArgumentParser(
@@ -75,6 +208,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a JSON list of {id, claim, passed, measured, ...} instead of a table",
     )
     verify.set_defaults(func=_cmd_verify)
+
+    from .hf import K_PATTERN, Q_PATTERN
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show the RoPE frequencies a Hugging Face config.json describes",
+        description="Print rope type, dimensions, base, attention factor and a per-frequency "
+        "table (inv_freq, wavelength in tokens, the scale the method applied, its band).",
+    )
+    inspect.add_argument("config", help="path to a config.json (transformers 4.x or 5.x form)")
+    inspect.add_argument(
+        "--seq-len", type=_positive, help="sequence length, for dynamic and longrope"
+    )
+    inspect.add_argument("--layer-type", help="for configs with RoPE per layer type")
+    inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
+    inspect.set_defaults(func=_cmd_inspect)
+
+    convert = sub.add_parser(
+        "convert",
+        help="permute q/k weights of a safetensors checkpoint between RoPE layouts",
+        description="Reorder q/k projection rows so a checkpoint trained with one RoPE layout "
+        "computes the same attention under the other (interleaved is Meta's, half is Hugging "
+        "Face's). Reads and writes safetensors only; other tensors are copied unchanged.",
+    )
+    convert.add_argument("input", help="input .safetensors file (never modified)")
+    convert.add_argument("output", help="output .safetensors file (written atomically)")
+    convert.add_argument("--to", required=True, choices=("half", "interleaved"))
+    convert.add_argument("--config", help="config.json or params.json giving the head counts")
+    convert.add_argument("--num-heads", type=_positive, help="query heads")
+    convert.add_argument("--num-kv-heads", type=_positive, help="key heads (default: query heads)")
+    convert.add_argument("--rotary-dim", type=_positive, help="rotated channels per head")
+    convert.add_argument("--q-pattern", default=Q_PATTERN, help="regex naming q tensors")
+    convert.add_argument("--k-pattern", default=K_PATTERN, help="regex naming k tensors")
+    convert.add_argument("--force", action="store_true", help="replace an existing output")
+    convert.set_defaults(func=_cmd_convert)
     return parser
 
 
@@ -84,8 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ValueError as err:
-        print(f"posemb {args.command}: {err}", file=sys.stderr)
+    except (ValueError, RuntimeError) as err:
+        # Bad input is the user's to fix: one line, no traceback, exit status 2.
+        print(f"posemb {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -19,8 +19,8 @@ Three forms of the same rotation live here: :func:`apply_rope` (elementwise, the
 
 from __future__ import annotations
 
+import collections
 import enum
-import functools
 
 import torch
 from torch import nn
@@ -204,13 +204,32 @@ def rope_complex(
     return _unpairs(z.real, z.imag, lay).to(x.dtype)
 
 
-@functools.lru_cache(maxsize=64)
+_TABLES: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collections.OrderedDict()
+_TABLES_MAX = 256
+
+
 def _schedule(
-    scaling: _scaling.RopeScaling, rotary_dim: int, base: float, device: torch.device
+    scaling: _scaling.RopeScaling,
+    rotary_dim: int,
+    base: float,
+    device: torch.device,
+    seq_len: int | None,
 ) -> tuple[torch.Tensor, float]:
-    # Memoised per device so a GPU forward does not copy inv_freq from the host every call.
-    inv, factor = scaling.compute(rotary_dim, base)
-    return inv.to(device), factor
+    """Memoised ``scaling.compute`` on ``device``.
+
+    A pure function of its arguments: the key holds everything the result depends on, including
+    what of ``seq_len`` matters (``scaling.length_key``), so a cached entry can never be stale.
+    Memoised per device so a GPU forward does not copy inv_freq from the host on every call.
+    """
+    key = (scaling, rotary_dim, base, device, scaling.length_key(seq_len))
+    hit = _TABLES.get(key)
+    if hit is None:
+        inv, factor = scaling.compute(rotary_dim, base, seq_len)
+        hit = (inv.to(device), float(factor))
+        _TABLES[key] = hit
+        if len(_TABLES) > _TABLES_MAX:
+            _TABLES.popitem(last=False)
+    return hit
 
 
 class RotaryEmbedding(nn.Module):
@@ -243,6 +262,21 @@ class RotaryEmbedding(nn.Module):
         self.layout = as_layout(layout)
         self.scaling = _scaling.check(scaling)
 
+    @classmethod
+    def from_hf(cls, config: object, layer_type: str | None = None) -> RotaryEmbedding:
+        """Build the rotary embedding a Hugging Face config describes (see :mod:`posemb.hf`).
+
+        Args:
+            config: a ``transformers`` config object or a ``config.json`` dict.
+            layer_type: for configs with per-layer-type RoPE (e.g. "sliding_attention").
+
+        Returns:
+            A ``RotaryEmbedding`` in ``Layout.HALF``, the layout of Hugging Face weights.
+        """
+        from . import hf
+
+        return hf.rotary_from_config(config, layer_type=layer_type)
+
     def cos_sin(
         self,
         positions: torch.Tensor,
@@ -261,7 +295,12 @@ class RotaryEmbedding(nn.Module):
         """
         pos = _checks.positions(positions)
         dev = torch.device(device) if device is not None else pos.device
-        inv, factor = _schedule(self.scaling, self.rotary_dim, self.base, dev)
+        seq_len = None
+        if self.scaling.depends_on_length and pos.numel():
+            # The length a length-dependent schedule sees is max position + 1 over the whole
+            # call, as in transformers; computed per call, never stored on the module.
+            seq_len = int(pos.max()) + 1
+        inv, factor = _schedule(self.scaling, self.rotary_dim, self.base, dev, seq_len)
         cos, sin = cos_sin(pos, inv, dtype=dtype)
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor

@@ -2,26 +2,62 @@
 
 A schedule maps ``(rotary_dim, base)`` (and, for length-dependent methods, the current sequence
 length) to ``(inv_freq, attention_factor)``: the float64 frequencies of the rotated pairs and a
-factor that multiplies cos and sin (so the attention logits scale by its square). This is the
-contract Hugging Face's ``ROPE_INIT_FUNCTIONS`` use, which keeps configs portable.
+factor that multiplies cos and sin (so every attention logit scales by its square). This is the
+contract of Hugging Face's ``ROPE_INIT_FUNCTIONS``, which keeps configs portable; reading those
+configs is :mod:`posemb.hf`'s job, never a schedule's.
 
-Schedules are frozen dataclasses validated at construction; they are hashable, so a module can
-memoise its tables on them. Rotation code never sees a schedule, only cos and sin.
+Schedules are frozen dataclasses validated at construction; they are hashable, so tables can be
+memoised on them. Rotation code never sees a schedule, only cos and sin.
+
+Notation: d = rotary_dim, b = base, s = factor, L = the original (pre-training) context length,
+theta_i = b^(-2i/d) the default frequencies, lambda_i = 2*pi / theta_i their wavelengths.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .freqs import inv_freq as _default_inv_freq
 
+F64 = torch.float64
+
+
+def _number(cls: str, name: str, value: object, *, minimum: float, strict: bool = False) -> float:
+    """Validate a finite real ``value`` >= ``minimum`` (> if ``strict``) for field ``name``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{cls}.{name} must be a finite number {rel} {minimum:g}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _length(cls: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{cls}.{name} must be a positive integer (tokens), got {value!r}")
+    return value
+
+
+def _need_pairs(cls: str, rotary_dim: int, minimum: int = 2) -> None:
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < minimum:
+        raise ValueError(f"{cls} needs an even rotary_dim >= {minimum}, got {rotary_dim!r}")
+    if rotary_dim % 2:
+        raise ValueError(f"{cls} needs an even rotary_dim (pairs rotate), got {rotary_dim}")
+
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Base class of all schedules; subclasses override :meth:`compute`."""
+    """Base class of all schedules."""
+
+    rope_type: ClassVar[str] = ""
+    depends_on_length: ClassVar[bool] = False
+    """True when ``compute`` reads ``seq_len``; then ``length_key`` says how."""
 
     def compute(
         self, rotary_dim: int, base: float, seq_len: int | None = None
@@ -31,42 +67,50 @@ class RopeScaling:
         Args:
             rotary_dim: number of rotated channels; even.
             base: frequency base; must exceed 1.
-            seq_len: current sequence length, for schedules that depend on it; ignored otherwise.
+            seq_len: current sequence length (max position + 1), for length-dependent schedules.
 
         Returns:
             float64 tensor of shape ``(rotary_dim // 2,)`` and a float.
         """
         raise NotImplementedError
 
+    def length_key(self, seq_len: int | None) -> Hashable:
+        """What of ``seq_len`` the result depends on (None: nothing), for memoising tables."""
+        return None
+
+    def bands(self, rotary_dim: int, base: float) -> list[str] | None:
+        """Per-frequency band names for methods that treat frequency bands differently."""
+        return None
+
 
 @dataclass(frozen=True)
 class Default(RopeScaling):
-    """The unscaled RoPE schedule of Su et al. 2021, eq. 15: theta_i = base^(-2i/d)."""
+    """Unscaled RoPE, Su et al. 2021, eq. 15: theta_i = b^(-2i/d)."""
+
+    rope_type: ClassVar[str] = "default"
 
     def compute(
         self, rotary_dim: int, base: float, seq_len: int | None = None
     ) -> tuple[torch.Tensor, float]:
-        return _default_inv_freq(rotary_dim, base, dtype=torch.float64), 1.0
+        _need_pairs("Default", rotary_dim)
+        return _default_inv_freq(rotary_dim, base, dtype=F64), 1.0
 
 
 @dataclass(frozen=True)
 class Linear(RopeScaling):
-    """Position interpolation (Chen et al. 2023, "Extending Context Window of Large Language
-    Models via Positional Interpolation", eq. 4): position m is read as m / factor, which is the
-    same as dividing every frequency by ``factor``.
+    """Position interpolation, Chen et al. 2023 ("Extending Context Window of Large Language
+    Models via Positional Interpolation"), eq. 4: position m is read as m / s, the same as
+    theta_i / s for every pair.
 
     Args:
-        factor: the context extension ratio s >= 1; ``factor == 1`` is :class:`Default`.
+        factor: the extension ratio s >= 1; ``Linear(1)`` is :class:`Default`.
     """
 
+    rope_type: ClassVar[str] = "linear"
     factor: float
 
     def __post_init__(self) -> None:
-        f = self.factor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
-            raise ValueError(f"factor must be a finite number >= 1, got {f!r}")
-        if f < 1:
-            raise ValueError(f"factor must be >= 1 (it is the context extension ratio), got {f!r}")
+        _number("Linear", "factor", self.factor, minimum=1.0)
 
     def compute(
         self, rotary_dim: int, base: float, seq_len: int | None = None
@@ -75,16 +119,410 @@ class Linear(RopeScaling):
         return inv / float(self.factor), 1.0
 
 
+def _ntk_base(base: float, ratio: float, rotary_dim: int) -> float:
+    """NTK-aware base change b' = b * ratio^(d / (d - 2)) (bloc97 2023; Peng et al. 2023, eq. 16).
+
+    The exponent makes the slowest pair, i = d/2 - 1, interpolate by exactly ``ratio`` while the
+    fastest pair is left alone.
+    """
+    return base * ratio ** (rotary_dim / (rotary_dim - 2))
+
+
+@dataclass(frozen=True)
+class NTK(RopeScaling):
+    """Static NTK-aware scaling: the base grows to b * s^(d/(d-2)) (bloc97, "NTK-Aware Scaled
+    RoPE", 2023; Peng et al. 2023, section 3.1). High frequencies barely change, the lowest is
+    divided by s. No ``rope_type`` in transformers; vLLM and others call it "ntk".
+
+    Args:
+        factor: the extension ratio s >= 1.
+    """
+
+    rope_type: ClassVar[str] = "ntk"
+    factor: float
+
+    def __post_init__(self) -> None:
+        _number("NTK", "factor", self.factor, minimum=1.0)
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        _need_pairs("NTK", rotary_dim, minimum=4)
+        new_base = _ntk_base(base, float(self.factor), rotary_dim)
+        return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0
+
+
+@dataclass(frozen=True)
+class DynamicNTK(RopeScaling):
+    """Dynamic NTK scaling (emozilla 2023; Peng et al. 2023, section 3.3), as ``transformers``
+    computes it: for the current length l' = max(l, L), the base becomes
+    b * (s * l' / L - (s - 1))^(d/(d-2)). Up to L it is :class:`Default`; beyond, the base grows
+    with the length, so there is no fixed table and no fine-tuning.
+
+    Note that s = 1 is the identity only up to L: past it the base still grows as
+    b * (l'/L)^(d/(d-2)); the factor sets the slope, the length sets the scaling.
+
+    posemb recomputes from the length of each call (max position + 1), a pure function.
+    ``transformers``' module instead caches the longest length seen and keeps its frequencies for
+    later shorter calls that are still above L, so its output depends on call history. vLLM's
+    static variant fixes l' = s * L for every length, i.e. ``compute(d, b, seq_len=s * L)``.
+
+    Args:
+        factor: s >= 1.
+        original_max_position_embeddings: L, the length the model was trained at (transformers
+            uses ``max_position_embeddings`` here).
+    """
+
+    rope_type: ClassVar[str] = "dynamic"
+    depends_on_length: ClassVar[bool] = True
+    factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _number("DynamicNTK", "factor", self.factor, minimum=1.0)
+        _length(
+            "DynamicNTK", "original_max_position_embeddings", self.original_max_position_embeddings
+        )
+
+    def length_key(self, seq_len: int | None) -> Hashable:
+        orig = self.original_max_position_embeddings
+        return orig if seq_len is None else max(int(seq_len), orig)
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        _need_pairs("DynamicNTK", rotary_dim, minimum=4)
+        length = self.length_key(seq_len)
+        s, orig = float(self.factor), self.original_max_position_embeddings
+        new_base = _ntk_base(base, s * length / orig - (s - 1), rotary_dim)
+        return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature sqrt(1/t) = 0.1 * mscale * ln(s) + 1 (Peng et al. 2023, eq. 22),
+    1 for s <= 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class Yarn(RopeScaling):
+    """YaRN, Peng et al. 2023 ("YaRN: Efficient Context Window Extension of Large Language
+    Models"), section 3.4: "NTK-by-parts" interpolation plus an attention temperature.
+
+    Pair i turns r_i = L / lambda_i times over the original context. Pairs that turn more than
+    beta_fast times keep theta_i (extrapolate), pairs that turn fewer than beta_slow times use
+    theta_i / s (interpolate), and a linear ramp in i joins them (eq. 18-19). The ramp's ends are
+    the pair indices where r = beta_fast and r = beta_slow, floored and ceiled when ``truncate``.
+
+    The attention factor is ``attention_factor`` if given; else, when both ``mscale`` and
+    ``mscale_all_dim`` are given (DeepSeek-V2/V3 configs), yarn_mscale(s, mscale) /
+    yarn_mscale(s, mscale_all_dim); else yarn_mscale(s). As in ``transformers``, an ``mscale``
+    given without ``mscale_all_dim`` does not enter the factor.
+
+    Args:
+        factor: s >= 1.
+        original_max_position_embeddings: L.
+        beta_fast: turns above which a pair is left alone (paper: 32 for Llama).
+        beta_slow: turns below which a pair is fully interpolated (paper: 1).
+        mscale, mscale_all_dim: DeepSeek's temperature terms (see above).
+        attention_factor: explicit factor on cos and sin; > 0.
+        truncate: round the ramp's ends to whole pair indices (the paper's code does).
+    """
+
+    rope_type: ClassVar[str] = "yarn"
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        _number("Yarn", "factor", self.factor, minimum=1.0)
+        _length("Yarn", "original_max_position_embeddings", self.original_max_position_embeddings)
+        _number("Yarn", "beta_slow", self.beta_slow, minimum=0.0, strict=True)
+        _number("Yarn", "beta_fast", self.beta_fast, minimum=0.0, strict=True)
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError(
+                f"Yarn.beta_fast must be greater than beta_slow (pairs turning more than beta_fast "
+                f"times are kept, fewer than beta_slow interpolated), got beta_fast="
+                f"{self.beta_fast!r}, beta_slow={self.beta_slow!r}"
+            )
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                _number("Yarn", name, getattr(self, name), minimum=0.0)
+        if self.attention_factor is not None:
+            _number("Yarn", "attention_factor", self.attention_factor, minimum=0.0, strict=True)
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"Yarn.truncate must be true or false, got {self.truncate!r}")
+
+    def _ramp(self, rotary_dim: int, base: float) -> torch.Tensor:
+        """0 where a pair extrapolates (keeps theta_i), 1 where it interpolates, linear between."""
+
+        def pair_index(turns: float) -> float:
+            # Solve L / lambda_i = turns for the pair index i (eq. 17 inverted).
+            return (
+                rotary_dim
+                * math.log(self.original_max_position_embeddings / (turns * 2 * math.pi))
+                / (2 * math.log(base))
+            )
+
+        low, high = pair_index(self.beta_fast), pair_index(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        # The upper clamp is rotary_dim - 1 (not d/2 - 1) in the paper's code and transformers.
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        if low == high:
+            high += 0.001  # a zero-width ramp would divide by zero; same guard as the reference
+        i = torch.arange(rotary_dim // 2, dtype=F64)
+        return ((i - low) / (high - low)).clamp(0, 1)
+
+    def attention_scale(self) -> float:
+        """The factor on cos and sin (see the class docstring)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        s = float(self.factor)
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(s, self.mscale) / yarn_mscale(s, self.mscale_all_dim)
+        return yarn_mscale(s)
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        inv, _ = Default().compute(rotary_dim, base)
+        ramp = self._ramp(rotary_dim, base)
+        return inv / float(self.factor) * ramp + inv * (1 - ramp), self.attention_scale()
+
+    def bands(self, rotary_dim: int, base: float) -> list[str]:
+        ramp = self._ramp(rotary_dim, base)
+        return [
+            "extrapolate" if r == 0 else "interpolate" if r == 1 else "ramp" for r in ramp.tolist()
+        ]
+
+
+@dataclass(frozen=True)
+class Llama3(RopeScaling):
+    """Llama 3.1's frequency-band scaling (Meta's reference code for Llama 3.1; Grattafiori et
+    al. 2024, "The Llama 3 Herd of Models", section 3.4 for the context extension).
+
+    With wavelengths lambda_i, lambda_high = L / high_freq_factor, lambda_low = L / low_freq_factor:
+    pairs with lambda_i < lambda_high keep theta_i, pairs with lambda_i > lambda_low use
+    theta_i / s, and in between theta_i is blended with weight g = (L / lambda_i - low) /
+    (high - low): (1 - g) theta_i / s + g theta_i. Llama 3.1 uses s = 8, low = 1, high = 4,
+    L = 8192, b = 500000.
+
+    Args:
+        factor: s >= 1.
+        low_freq_factor: > 0.
+        high_freq_factor: > low_freq_factor.
+        original_max_position_embeddings: L.
+    """
+
+    rope_type: ClassVar[str] = "llama3"
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _number("Llama3", "factor", self.factor, minimum=1.0)
+        _number("Llama3", "low_freq_factor", self.low_freq_factor, minimum=0.0, strict=True)
+        _number("Llama3", "high_freq_factor", self.high_freq_factor, minimum=0.0, strict=True)
+        if self.low_freq_factor >= self.high_freq_factor:
+            raise ValueError(
+                f"Llama3.low_freq_factor must be less than high_freq_factor, got "
+                f"low_freq_factor={self.low_freq_factor!r}, "
+                f"high_freq_factor={self.high_freq_factor!r}"
+            )
+        _length("Llama3", "original_max_position_embeddings", self.original_max_position_embeddings)
+
+    def _split(
+        self, rotary_dim: int, base: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inv, _ = Default().compute(rotary_dim, base)
+        wavelen = 2 * math.pi / inv
+        orig = self.original_max_position_embeddings
+        high = wavelen < orig / self.high_freq_factor
+        low = wavelen > orig / self.low_freq_factor
+        return inv, high, low
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        inv, high, low = self._split(rotary_dim, base)
+        s = float(self.factor)
+        g = (self.original_max_position_embeddings * inv / (2 * math.pi) - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - g) * inv / s + g * inv
+        return torch.where(high, inv, torch.where(low, inv / s, blended)), 1.0
+
+    def bands(self, rotary_dim: int, base: float) -> list[str]:
+        _, high, low = self._split(rotary_dim, base)
+        return [
+            "high (kept)" if h else "low (scaled)" if lo else "smoothed"
+            for h, lo in zip(high.tolist(), low.tolist(), strict=True)
+        ]
+
+
+def _factors(cls: str, name: str, value: object) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{cls}.{name} must be a list of numbers, got {value!r}")
+    return tuple(
+        _number(cls, f"{name}[{i}]", v, minimum=0.0, strict=True) for i, v in enumerate(value)
+    )
+
+
+@dataclass(frozen=True)
+class LongRope(RopeScaling):
+    """LongRoPE, Ding et al. 2024 ("LongRoPE: Extending LLM Context Window Beyond 2 Million
+    Tokens"), as Phi-3 ships it: per-pair rescale factors found by search, theta_i / f_i, with
+    ``short_factor`` for sequences up to L and ``long_factor`` beyond, and attention factor
+    sqrt(1 + ln s / ln L) (s > 1) unless given.
+
+    The switch is per call: once max position + 1 exceeds L, every position of the call uses the
+    long factors, as in ``transformers``. A KV cache filled before the switch holds keys rotated
+    with the short factors; neither posemb nor transformers re-rotates them.
+
+    Args:
+        short_factor: d/2 factors used up to L.
+        long_factor: d/2 factors used beyond L.
+        original_max_position_embeddings: L.
+        factor: s, the extension ratio (Phi-3: max_position_embeddings / L); only sets the
+            default attention factor.
+        attention_factor: explicit factor on cos and sin.
+    """
+
+    rope_type: ClassVar[str] = "longrope"
+    depends_on_length: ClassVar[bool] = True
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    factor: float = 1.0
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "short_factor", _factors("LongRope", "short_factor", self.short_factor)
+        )
+        object.__setattr__(
+            self, "long_factor", _factors("LongRope", "long_factor", self.long_factor)
+        )
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(
+                f"LongRope.short_factor and long_factor must have the same length (rotary_dim/2), "
+                f"got {len(self.short_factor)} and {len(self.long_factor)}"
+            )
+        _length(
+            "LongRope", "original_max_position_embeddings", self.original_max_position_embeddings
+        )
+        _number("LongRope", "factor", self.factor, minimum=1.0)
+        if self.attention_factor is not None:
+            _number("LongRope", "attention_factor", self.attention_factor, minimum=0.0, strict=True)
+
+    def length_key(self, seq_len: int | None) -> Hashable:
+        return seq_len is not None and seq_len > self.original_max_position_embeddings
+
+    def attention_scale(self) -> float:
+        """sqrt(1 + ln s / ln L) for s > 1 (Phi-3's choice), or the explicit factor."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        s = float(self.factor)
+        if s <= 1:
+            return 1.0
+        return math.sqrt(1 + math.log(s) / math.log(self.original_max_position_embeddings))
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        inv, _ = Default().compute(rotary_dim, base)
+        if len(self.short_factor) != rotary_dim // 2:
+            raise ValueError(
+                f"LongRope.short_factor and long_factor have {len(self.short_factor)} entries; "
+                f"rotary_dim {rotary_dim} needs {rotary_dim // 2}"
+            )
+        chosen = self.long_factor if self.length_key(seq_len) else self.short_factor
+        return inv / torch.tensor(chosen, dtype=F64), self.attention_scale()
+
+    def bands(self, rotary_dim: int, base: float) -> list[str]:
+        return ["short/long factor"] * (rotary_dim // 2)
+
+
+@dataclass(frozen=True)
+class Proportional(RopeScaling):
+    """Proportional RoPE (``transformers`` rope_type "proportional", used by Gemma 4): only the
+    first ``int(partial_rotary_factor * d // 2)`` pairs rotate, with frequencies b^(-2i/d) over
+    the *whole* head (not over the rotated part, as partial rotary does), and the remaining pairs
+    get frequency 0, i.e. pass through. All frequencies are divided by ``factor``.
+
+    Use it with ``rotary_dim == head_dim``: which channels stay still depends on the layout
+    (HALF: the tail of each half).
+
+    Args:
+        partial_rotary_factor: fraction of pairs that rotate, in [0, 1].
+        factor: >= 1, divides all frequencies.
+    """
+
+    rope_type: ClassVar[str] = "proportional"
+    partial_rotary_factor: float = 1.0
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        p = _number(
+            "Proportional", "partial_rotary_factor", self.partial_rotary_factor, minimum=0.0
+        )
+        if p > 1:
+            raise ValueError(
+                "Proportional.partial_rotary_factor must be in [0, 1], "
+                f"got {self.partial_rotary_factor!r}"
+            )
+        _number("Proportional", "factor", self.factor, minimum=1.0)
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        inv, _ = Default().compute(rotary_dim, base)
+        rotating = int(self.partial_rotary_factor * rotary_dim // 2)
+        inv[rotating:] = 0.0
+        return inv / float(self.factor), 1.0
+
+    def bands(self, rotary_dim: int, base: float) -> list[str]:
+        rotating = int(self.partial_rotary_factor * rotary_dim // 2)
+        return ["rotates" if i < rotating else "still" for i in range(rotary_dim // 2)]
+
+
+SCHEDULES: dict[str, type[RopeScaling]] = {
+    cls.rope_type: cls
+    for cls in (Default, Linear, NTK, DynamicNTK, Yarn, Llama3, LongRope, Proportional)
+}
+
+
 def check(scaling: object) -> RopeScaling:
     """Return ``scaling`` (``None`` means :class:`Default`) if it is a schedule."""
     if scaling is None:
         return Default()
     if not isinstance(scaling, RopeScaling):
+        names = ", ".join(cls.__name__ for cls in SCHEDULES.values())
         raise ValueError(
-            f"scaling must be a posemb.scaling schedule (Default, Linear) or None, "
+            f"scaling must be a posemb.scaling schedule ({names}) or None, "
             f"got {type(scaling).__name__}"
         )
     return scaling
 
 
-__all__ = ["Default", "Linear", "RopeScaling", "check"]
+__all__ = [
+    "NTK",
+    "SCHEDULES",
+    "Default",
+    "DynamicNTK",
+    "Linear",
+    "Llama3",
+    "LongRope",
+    "Proportional",
+    "RopeScaling",
+    "Yarn",
+    "check",
+    "yarn_mscale",
+]

@@ -1,0 +1,587 @@
+"""Hugging Face interop: configs to schedules, a drop-in rotary module, layout conversion.
+
+This is the only module that reads model configs. It accepts a ``transformers`` config object
+or a plain ``config.json`` dict, in the 5.x form (``rope_parameters`` holding ``rope_type``,
+``rope_theta``, ...) and the 4.x form (``rope_scaling`` with ``type``/``rope_type`` beside a
+top-level ``rope_theta``), with ``head_dim`` (or ``hidden_size / num_attention_heads``),
+``partial_rotary_factor`` and ``max_position_embeddings``. ``transformers`` is never imported
+here; tests compare against it.
+
+Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
+
+1. Angles are formed in float64 (see :mod:`posemb.freqs`); ``transformers`` forms
+   ``inv_freq @ positions`` in float32. The two agree to ~1e-6 at a few thousand positions and
+   drift apart with the position (a float32 angle is off by ~3e-2 rad at 2^20): posemb is the
+   exact one.
+2. Dynamic NTK is a pure function of the current call's length (max position + 1).
+   ``transformers``' module keeps the frequencies of the longest length seen so far for later
+   shorter calls above the original length, so its output depends on call history; vLLM's
+   static variant uses the frequencies of length factor * max_position_embeddings for every
+   length. Both agree with posemb on a fresh module's first call at a given length.
+3. Bad values raise ``ValueError`` naming the key: ``factor < 1``, ``beta_fast <= beta_slow``,
+   ``low_freq_factor >= high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
+   length, an odd rotary dimension. ``transformers`` logs a warning and carries on.
+4. ``original_max_position_embeddings`` is required for yarn, llama3 and longrope (in the rope
+   dict or at the top level, the top level winning as in ``transformers``). ``transformers``
+   silently falls back to ``max_position_embeddings``, which for an extended config is the
+   *extended* length and shifts every band.
+5. ``factor`` is required for linear, dynamic, yarn and llama3; ``transformers`` derives a
+   missing YaRN factor from ``max_position_embeddings / original_max_position_embeddings``.
+   For longrope (Phi-3 configs carry no factor) posemb derives it the same way.
+6. A LongRoPE switch to the long factors mid-generation leaves cached keys rotated with the
+   short ones, in posemb as in ``transformers``; it is documented, not fixed, at this level.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import scaling as sc
+from .rope import Layout, RotaryEmbedding, permute_layout
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names none
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Everything posemb needs from a config to build its rotary embedding.
+
+    Attributes:
+        rope_type: one of :data:`ROPE_TYPES`.
+        head_dim: channels per attention head.
+        rotary_dim: channels that rotate (``head_dim`` for proportional RoPE).
+        base: ``rope_theta``.
+        scaling: the schedule.
+        max_position_embeddings: as configured (None if absent).
+        original_context: the length the model was pre-trained at, when the config says
+            (``original_max_position_embeddings``, else ``max_position_embeddings``).
+    """
+
+    rope_type: str
+    head_dim: int
+    rotary_dim: int
+    base: float
+    scaling: sc.RopeScaling
+    max_position_embeddings: int | None
+    original_context: int | None
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
+    """Read a ``config.json`` (or Meta ``params.json``) as a dict; clear errors for bad files."""
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"config file {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"config file {str(p)!r} cannot be read as UTF-8 text: {err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"config file {str(p)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
+            f"{err.msg}); a truncated download looks like this"
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"config file {str(p)!r} must hold a JSON object, got {type(data).__name__}"
+        )
+    return data
+
+
+def _as_dict(config: object) -> dict[str, object]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise ValueError(
+        "config must be a transformers config or a dict from config.json, "
+        f"got {type(config).__name__}"
+    )
+
+
+def _num(key: str, value: object, *, minimum: float, strict: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{key} must be a number {rel} {minimum:g}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _is_nested(params: object) -> bool:
+    """True for a rope dict keyed by layer type (its values are dicts or null)."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and all(isinstance(v, dict) or v is None for v in params.values())
+    )
+
+
+def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dict[str, object]]:
+    """The rope dict and the name to quote in errors."""
+    if d.get("rope_parameters"):
+        src, params = "rope_parameters", d["rope_parameters"]
+    elif d.get("rope_scaling"):
+        src, params = "rope_scaling", d["rope_scaling"]
+    else:
+        src, params = "rope_parameters", {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{src} must be a JSON object, got {params!r}")
+    if _is_nested(params):
+        kinds = ", ".join(repr(k) for k in params)
+        if layer_type is None:
+            raise ValueError(f"{src} is given per layer type ({kinds}); pass layer_type")
+        if layer_type not in params:
+            raise ValueError(f"layer_type {layer_type!r} is not in {src}; allowed: {kinds}")
+        if params[layer_type] is None:
+            raise ValueError(f"{src}[{layer_type!r}] is null: that layer type has no RoPE")
+        return f"{src}[{layer_type!r}]", dict(params[layer_type])  # type: ignore[arg-type]
+    if layer_type is not None:
+        raise ValueError(f"layer_type {layer_type!r} given, but {src} is not per layer type")
+    return src, dict(params)
+
+
+def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
+    """Read the RoPE description out of a config.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict (4.x or 5.x form).
+        layer_type: for configs with per-layer-type RoPE (Gemma 3 style), which one.
+
+    Returns:
+        A validated :class:`RopeSpec`.
+    """
+    d = _as_dict(config)
+    src, p = _rope_params(d, layer_type)
+    rope_type = p.get("rope_type") or p.get("type") or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"{src}['rope_type'] is {rope_type!r}; known rope types: {', '.join(ROPE_TYPES)}"
+        )
+    theta = p.get("rope_theta", d.get("rope_theta"))
+    base = (
+        DEFAULT_THETA
+        if theta is None
+        else _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
+    )
+
+    head_dim = d.get("head_dim")
+    if head_dim is None:
+        hidden, heads = d.get("hidden_size"), d.get("num_attention_heads")
+        if hidden is None or heads is None:
+            raise ValueError("config needs head_dim, or hidden_size and num_attention_heads")
+        _int("hidden_size", hidden)
+        _int("num_attention_heads", heads)
+        head_dim = hidden // heads  # type: ignore[operator]
+    head_dim = _int("head_dim", head_dim)
+    partial = p.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    # 0 is meaningful for proportional RoPE (no pair rotates); elsewhere the rotary-dimension
+    # check below rejects it.
+    partial = 1.0 if partial is None else _num("partial_rotary_factor", partial, minimum=0)
+    if partial > 1:
+        raise ValueError(f"partial_rotary_factor must be in [0, 1], got {partial!r}")
+    rotary_dim = head_dim if rope_type == "proportional" else int(head_dim * partial)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"rotary dimension int(head_dim * partial_rotary_factor) = {rotary_dim} must be even "
+            f"and >= 2 (head_dim={head_dim}, partial_rotary_factor={partial})"
+        )
+
+    max_pos = d.get("max_position_embeddings")
+    if max_pos is not None:
+        max_pos = _int("max_position_embeddings", max_pos)
+    orig = d.get("original_max_position_embeddings")
+    if orig is None:
+        orig = p.get("original_max_position_embeddings")
+    if orig is not None:
+        orig = _int("original_max_position_embeddings", orig)
+    if rope_type in ("yarn", "llama3", "longrope") and orig is None:
+        raise ValueError(
+            f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
+            f"the pre-training context length (a positive integer)"
+        )
+
+    def factor(required: bool = True, default: float | None = None) -> float:
+        f = p.get("factor")
+        if f is None:
+            if required:
+                raise ValueError(
+                    f"{src}['factor'] is missing: rope_type {rope_type!r} needs a number >= 1"
+                )
+            return float(default)  # type: ignore[arg-type]
+        return _num(f"{src}['factor']", f, minimum=1)
+
+    def opt(key: str) -> object:
+        v = p.get(key)
+        return None if v is None else _num(f"{src}[{key!r}]", v, minimum=0)
+
+    try:
+        schedule: sc.RopeScaling
+        if rope_type == "default":
+            schedule = sc.Default()
+        elif rope_type == "linear":
+            schedule = sc.Linear(factor())
+        elif rope_type == "dynamic":
+            if max_pos is None:
+                raise ValueError(
+                    "max_position_embeddings is missing: rope_type 'dynamic' scales from it"
+                )
+            schedule = sc.DynamicNTK(factor(), max_pos)
+        elif rope_type == "yarn":
+            schedule = sc.Yarn(
+                factor(),
+                orig,  # type: ignore[arg-type]
+                # transformers reads a null or 0 beta as its default (32 / 1).
+                beta_fast=opt("beta_fast") or 32.0,  # type: ignore[arg-type]
+                beta_slow=opt("beta_slow") or 1.0,  # type: ignore[arg-type]
+                mscale=opt("mscale"),  # type: ignore[arg-type]
+                mscale_all_dim=opt("mscale_all_dim"),  # type: ignore[arg-type]
+                attention_factor=opt("attention_factor"),  # type: ignore[arg-type]
+                truncate=p.get("truncate", True),  # type: ignore[arg-type]
+            )
+        elif rope_type == "llama3":
+            for key in ("low_freq_factor", "high_freq_factor"):
+                if p.get(key) is None:
+                    raise ValueError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
+            schedule = sc.Llama3(
+                factor(),
+                _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
+                _num(f"{src}['high_freq_factor']", p["high_freq_factor"], minimum=0, strict=True),
+                orig,  # type: ignore[arg-type]
+            )
+        elif rope_type == "longrope":
+            for key in ("short_factor", "long_factor"):
+                v = p.get(key)
+                if not isinstance(v, list) or len(v) != rotary_dim // 2:
+                    got = f"{len(v)} entries" if isinstance(v, list) else repr(v)
+                    raise ValueError(
+                        f"{src}[{key!r}] must be a list of rotary_dim/2 = {rotary_dim // 2} "
+                        f"numbers, got {got}"
+                    )
+            derived = None if max_pos is None else max_pos / orig  # type: ignore[operator]
+            if p.get("factor") is None and derived is None:
+                raise ValueError(
+                    f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
+                    f"'longrope' needs one of them"
+                )
+            schedule = sc.LongRope(
+                tuple(p["short_factor"]),  # type: ignore[arg-type]
+                tuple(p["long_factor"]),  # type: ignore[arg-type]
+                orig,  # type: ignore[arg-type]
+                factor=max(factor(required=False, default=derived), 1.0),
+                attention_factor=opt("attention_factor"),  # type: ignore[arg-type]
+            )
+        else:  # proportional
+            schedule = sc.Proportional(partial, factor(required=False, default=1.0))
+    except ValueError as err:
+        msg = str(err)
+        raise ValueError(msg if msg.startswith(src) else f"{src}: {msg}") from None
+
+    return RopeSpec(
+        rope_type=rope_type,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        base=base,
+        scaling=schedule,
+        max_position_embeddings=max_pos,
+        original_context=orig if orig is not None else max_pos,
+    )
+
+
+def schedule_from_config(
+    config: object, seq_len: int | None = None, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
+    """``(inv_freq, attention_factor)`` for a config, as ``transformers``' rope init computes.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict.
+        seq_len: current sequence length, for dynamic and longrope.
+        layer_type: for per-layer-type configs.
+
+    Returns:
+        float64 tensor ``(rotary_dim // 2,)`` and the factor on cos and sin.
+    """
+    spec = rope_spec(config, layer_type)
+    if seq_len is not None:
+        _int("seq_len", seq_len)
+    return spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
+
+
+def rotary_from_config(config: object, layer_type: str | None = None) -> RotaryEmbedding:
+    """A :class:`RotaryEmbedding` (HALF layout, as Hugging Face weights are) for a config."""
+    spec = rope_spec(config, layer_type)
+    return RotaryEmbedding(
+        spec.head_dim,
+        base=spec.base,
+        rotary_dim=spec.rotary_dim,
+        layout=Layout.HALF,
+        scaling=spec.scaling,
+    )
+
+
+class HFRotaryEmbedding(nn.Module):
+    """Drop-in replacement for a ``transformers`` ``*RotaryEmbedding`` module.
+
+    ``forward(x, position_ids)`` returns ``(cos, sin)``, each ``(batch, seq, rotary_dim)`` in
+    ``x``'s dtype with the attention factor applied, in the full-width HALF form
+    (``cat([cos, cos])``) that ``apply_rotary_pos_emb`` expects. Angles are formed in float64
+    and dynamic schedules are recomputed per call, so no state changes in forward.
+
+    Args:
+        config: the model's config (object or dict).
+    """
+
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        d = _as_dict(config)
+        params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if _is_nested(params):
+            self.ropes = {
+                lt: rotary_from_config(d, layer_type=lt)
+                for lt, v in params.items()
+                if v is not None
+            }
+        else:
+            self.ropes = {None: rotary_from_config(d)}
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for ``position_ids`` ``(batch, seq)``; ``x`` only gives dtype and device."""
+        if layer_type not in self.ropes:
+            raise ValueError(
+                f"layer_type {layer_type!r} has no RoPE here; known: {list(self.ropes)}"
+            )
+        rope = self.ropes[layer_type]
+        cos, sin = rope.cos_sin(position_ids, dtype=torch.float32, device=x.device)
+        return torch.cat((cos, cos), -1).to(x.dtype), torch.cat((sin, sin), -1).to(x.dtype)
+
+
+def patch_rotary(model: nn.Module) -> list[str]:
+    """Replace every ``transformers`` rotary-embedding module in ``model`` with posemb's.
+
+    This is the supported swap: the model's attention code is untouched and receives the same
+    ``(cos, sin)`` contract, computed by posemb from the model's config.
+
+    Args:
+        model: a ``transformers`` model (e.g. ``LlamaForCausalLM``).
+
+    Returns:
+        The dotted names of the replaced modules.
+    """
+    replaced = []
+    for name, module in list(model.named_modules()):
+        cls = type(module).__name__
+        if not name or not cls.endswith("RotaryEmbedding") or isinstance(module, HFRotaryEmbedding):
+            continue
+        config = getattr(module, "config", None) or getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"{name} ({cls}) has no config to read its RoPE from")
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        new = HFRotaryEmbedding(config)
+        ref = next(iter(module.buffers()), None)
+        if ref is not None:
+            new.to(ref.device)
+        setattr(parent, attr, new)
+        replaced.append(name)
+    if not replaced:
+        raise ValueError(
+            "no module whose class name ends in 'RotaryEmbedding' was found to replace"
+        )
+    return replaced
+
+
+# --- layout conversion of checkpoints ------------------------------------------------------------
+
+Q_PATTERN = r"(^|\.)(q_proj|wq)\.(weight|bias)$"
+K_PATTERN = r"(^|\.)(k_proj|wk)\.(weight|bias)$"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Head counts and dimensions of q/k projections, read from a config."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None
+    rotary_dim: int | None
+
+
+def attention_shape(config: object) -> AttentionShape:
+    """Read head counts from a Hugging Face ``config.json`` or a Meta ``params.json``.
+
+    Args:
+        config: config object or dict. HF keys: ``num_attention_heads``, ``num_key_value_heads``
+            (default: as many as q), ``head_dim``/``partial_rotary_factor``; Meta keys:
+            ``n_heads``, ``n_kv_heads``.
+
+    Returns:
+        The :class:`AttentionShape`; ``head_dim``/``rotary_dim`` are None when not derivable.
+    """
+    d = _as_dict(config)
+    heads = d.get("num_attention_heads", d.get("n_heads"))
+    if heads is None:
+        raise ValueError("config has neither num_attention_heads nor n_heads")
+    heads = _int("num_attention_heads", heads)
+    kv = d.get("num_key_value_heads", d.get("n_kv_heads"))
+    kv = heads if kv is None else _int("num_key_value_heads", kv)
+    head_dim = rotary = None
+    if d.get("head_dim") is not None or d.get("hidden_size") is not None:
+        try:
+            spec = rope_spec(d)
+            head_dim, rotary = spec.head_dim, spec.rotary_dim
+        except ValueError:
+            head_dim = d.get("head_dim") or d["hidden_size"] // heads  # type: ignore[operator]
+    elif d.get("dim") is not None:
+        head_dim = _int("dim", d["dim"]) // heads
+    return AttentionShape(heads, kv, head_dim, rotary)
+
+
+def convert_qk_layout(
+    tensors: Mapping[str, torch.Tensor],
+    to: Layout | str,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    rotary_dim: int | None = None,
+    q_pattern: str = Q_PATTERN,
+    k_pattern: str = K_PATTERN,
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Permute the q/k projection rows of a state dict for the other RoPE layout.
+
+    Args:
+        tensors: name -> tensor.
+        to: target layout.
+        num_heads: query heads; ``num_kv_heads`` key heads (default: the same).
+        rotary_dim: rotated channels per head; default all.
+        q_pattern, k_pattern: regular expressions (``re.search``) naming q and k tensors.
+
+    Returns:
+        A new dict (unconverted tensors are the same objects) and the converted names.
+    """
+    kv = num_heads if num_kv_heads is None else num_kv_heads
+    try:
+        q_re, k_re = re.compile(q_pattern), re.compile(k_pattern)
+    except re.error as err:
+        raise ValueError(f"q/k pattern is not a valid regular expression: {err}") from None
+    out, converted = dict(tensors), []
+    for name, t in tensors.items():
+        heads = num_heads if q_re.search(name) else kv if k_re.search(name) else None
+        if heads is None:
+            continue
+        if t.shape[0] % heads:
+            raise ValueError(
+                f"tensor {name!r} has {t.shape[0]} rows, not divisible by its head count {heads}; "
+                f"check --num-heads/--num-kv-heads"
+            )
+        out[name] = permute_layout(t, heads, to, rotary_dim).contiguous()
+        converted.append(name)
+    if not converted:
+        raise ValueError(
+            f"no q/k projection tensors found (patterns {q_pattern!r} and {k_pattern!r}); fused "
+            f"qkv weights are not supported, pass --q-pattern/--k-pattern for other names"
+        )
+    if not any(k_re.search(n) for n in converted) or not any(q_re.search(n) for n in converted):
+        missing = "k" if not any(k_re.search(n) for n in converted) else "q"
+        raise ValueError(f"found q/k tensors but no {missing} projection; both must be converted")
+    return out, converted
+
+
+def convert_checkpoint(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    to: Layout | str,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    rotary_dim: int | None = None,
+    q_pattern: str = Q_PATTERN,
+    k_pattern: str = K_PATTERN,
+    overwrite: bool = False,
+) -> list[str]:
+    """Convert a safetensors file's q/k weights to the other layout, written atomically.
+
+    Reads and writes safetensors only (never pickle). Refuses to write over its input, and
+    over an existing ``dst`` unless ``overwrite``. Tensors it does not convert, and the file's
+    metadata, are written back unchanged.
+
+    Returns:
+        The names of the converted tensors.
+    """
+    try:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "posemb convert needs the safetensors package: pip install 'posemb[hf]'"
+        ) from None
+    src_p, dst_p = pathlib.Path(src), pathlib.Path(dst)
+    if not src_p.is_file():
+        raise ValueError(f"input {str(src_p)!r} does not exist or is not a file")
+    if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
+        raise ValueError(
+            f"output {str(dst_p)!r} is the input file; posemb never overwrites its input"
+        )
+    if dst_p.exists() and not overwrite:
+        raise ValueError(f"output {str(dst_p)!r} exists; pass --force to replace it")
+    _int("num_heads", num_heads)
+    if num_kv_heads is not None:
+        _int("num_kv_heads", num_kv_heads)
+    try:
+        with safe_open(str(src_p), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as err:  # safetensors raises its own error types for bad headers
+        raise ValueError(
+            f"input {str(src_p)!r} is not a readable safetensors file: {err}"
+        ) from None
+    out, converted = convert_qk_layout(
+        tensors, to, num_heads, num_kv_heads, rotary_dim, q_pattern, k_pattern
+    )
+    dst_p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst_p.parent, prefix=f".{dst_p.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(out, tmp, metadata=metadata)
+        os.replace(tmp, dst_p)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return converted
+
+
+__all__ = [
+    "K_PATTERN",
+    "Q_PATTERN",
+    "ROPE_TYPES",
+    "AttentionShape",
+    "HFRotaryEmbedding",
+    "RopeSpec",
+    "attention_shape",
+    "convert_checkpoint",
+    "convert_qk_layout",
+    "load_config",
+    "patch_rotary",
+    "rope_spec",
+    "rotary_from_config",
+    "schedule_from_config",
+]

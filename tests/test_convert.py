@@ -1,0 +1,161 @@
+"""`posemb convert` and the checkpoint layout conversion behind it."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import posemb
+from posemb import cli, hf
+from tolerances import TOL
+
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN, SEQ = 4, 2, 16, 64, 11
+
+
+def meta_checkpoint(path, rotary_dim=None):
+    """Two layers of Meta-named weights (interleaved layout) plus tensors to leave alone."""
+    g = torch.Generator().manual_seed(0)
+    t = {}
+    for i in range(2):
+        t[f"layers.{i}.attention.wq.weight"] = (
+            torch.randn(HEADS * HEAD_DIM, HIDDEN, generator=g) / 8
+        )
+        t[f"layers.{i}.attention.wk.weight"] = (
+            torch.randn(KV_HEADS * HEAD_DIM, HIDDEN, generator=g) / 8
+        )
+        t[f"layers.{i}.attention.wv.weight"] = (
+            torch.randn(KV_HEADS * HEAD_DIM, HIDDEN, generator=g) / 8
+        )
+        t[f"layers.{i}.attention.wo.weight"] = torch.randn(HIDDEN, HEADS * HEAD_DIM, generator=g)
+    t["tok_embeddings.weight"] = torch.randn(50, HIDDEN, generator=g).to(torch.bfloat16)
+    t["norm.step"] = torch.arange(7, dtype=torch.int64)
+    save_file(t, str(path), metadata={"format": "pt", "origin": "test"})
+    return t
+
+
+def attention_of(t, layer, layout, x, rotary_dim=None):
+    def heads(w, n):  # (b, s, n * hd) -> (b, n, s, hd)
+        return (x @ w.T).view(1, SEQ, n, HEAD_DIM).transpose(1, 2)
+
+    p = f"layers.{layer}.attention."
+    rope = posemb.RotaryEmbedding(HEAD_DIM, rotary_dim=rotary_dim, layout=layout)
+    q, k = rope(heads(t[p + "wq.weight"], HEADS), heads(t[p + "wk.weight"], KV_HEADS))
+    return posemb.attention(q, k, heads(t[p + "wv.weight"], KV_HEADS), causal=True)
+
+
+def load(path):
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
+
+
+@pytest.mark.parametrize("rotary_dim", [None, 8])
+def test_converted_weights_give_the_same_attention(tmp_path, rotary_dim):
+    src, dst = tmp_path / "meta.safetensors", tmp_path / "hf.safetensors"
+    original = meta_checkpoint(src)
+    before = src.read_bytes()
+    names = hf.convert_checkpoint(src, dst, "half", HEADS, KV_HEADS, rotary_dim=rotary_dim)
+    assert sorted(names) == sorted(n for n in original if ".wq." in n or ".wk." in n)
+    assert src.read_bytes() == before  # input untouched
+    converted, metadata = load(dst)
+    assert metadata == {"format": "pt", "origin": "test"}
+    x = torch.randn(1, SEQ, HIDDEN, generator=torch.Generator().manual_seed(1))
+    for layer in range(2):
+        want = attention_of(original, layer, posemb.Layout.INTERLEAVED, x, rotary_dim)
+        got = attention_of(converted, layer, posemb.Layout.HALF, x, rotary_dim)
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+        unconverted = attention_of(original, layer, posemb.Layout.HALF, x, rotary_dim)
+        assert float((unconverted - want).abs().max()) > 1e-3
+    # Everything else is byte-identical.
+    for name, tensor in original.items():
+        if name not in names:
+            assert converted[name].dtype == tensor.dtype
+            assert converted[name].view(torch.uint8).equal(tensor.view(torch.uint8)), name
+    # And the way back restores the file's tensors exactly.
+    back = tmp_path / "back.safetensors"
+    hf.convert_checkpoint(dst, back, "interleaved", HEADS, KV_HEADS, rotary_dim=rotary_dim)
+    restored, _ = load(back)
+    for name, tensor in original.items():
+        assert restored[name].view(torch.uint8).equal(tensor.view(torch.uint8)), name
+
+
+def test_cli_convert_reads_head_counts_from_params_json(tmp_path, capsys):
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out" / "out.safetensors"
+    meta_checkpoint(src)
+    params = tmp_path / "params.json"
+    params.write_text(
+        json.dumps({"dim": HEADS * HEAD_DIM, "n_heads": HEADS, "n_kv_heads": KV_HEADS})
+    )
+    code = cli.main(["convert", str(src), str(dst), "--to", "half", "--config", str(params)])
+    assert code == 0
+    assert (
+        "converted 4 q/k tensors to the half layout (4 q heads, 2 kv heads)"
+        in capsys.readouterr().out
+    )
+    expected = hf.convert_qk_layout(load(src)[0], "half", HEADS, KV_HEADS)[0]
+    for name, tensor in load(dst)[0].items():
+        assert torch.equal(tensor, expected[name])
+
+
+def cli_error(args, capsys):
+    code = cli.main(args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_convert_refuses_bad_requests_and_leaves_nothing_behind(tmp_path, capsys):
+    src = tmp_path / "in.safetensors"
+    meta_checkpoint(src)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    base = ["convert", str(src)]
+    assert "is the input file" in cli_error(
+        [*base, str(src), "--to", "half", "--num-heads", "4", "--force"], capsys
+    )
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"keep me")
+    assert "exists; pass --force" in cli_error(
+        [*base, str(out), "--to", "half", "--num-heads", "4"], capsys
+    )
+    assert out.read_bytes() == b"keep me"
+    out.unlink()
+    assert "not divisible by its head count 3" in cli_error(
+        [*base, str(out), "--to", "half", "--num-heads", "3"], capsys
+    )
+    assert "no q/k projection tensors found" in cli_error(
+        [
+            *base,
+            str(out),
+            "--to",
+            "half",
+            "--num-heads",
+            "4",
+            "--q-pattern",
+            "nope",
+            "--k-pattern",
+            "nada",
+        ],
+        capsys,
+    )
+    assert "--num-heads is required" in cli_error([*base, str(out), "--to", "half"], capsys)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00" * 5)
+    assert "not a readable safetensors file" in cli_error(
+        ["convert", str(garbage), str(out), "--to", "half", "--num-heads", "4"], capsys
+    )
+    assert "does not exist" in cli_error(
+        [
+            "convert",
+            str(tmp_path / "nope.safetensors"),
+            str(out),
+            "--to",
+            "half",
+            "--num-heads",
+            "4",
+        ],
+        capsys,
+    )
+    garbage.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp files
