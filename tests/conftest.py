@@ -12,3 +12,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("posemb")
+
+# The Triton kernel is tested on the CPU through Triton's interpreter; this must be set before
+# triton is first imported, and only where no GPU would run it for real.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover
+    pass

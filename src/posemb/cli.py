@@ -178,6 +178,32 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import rope as bench
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    rows, one_off = bench.run(
+        device=args.device,
+        quick=args.quick,
+        repeats=args.repeats,
+        shapes=args.shapes,
+        progress=None if args.json else progress,
+    )
+    if args.out:
+        bench.write_csv(rows, args.out)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps({"one_off": one_off, "rows": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(bench.summary(rows, one_off))
+        if args.out:
+            print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -243,6 +269,24 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--k-pattern", default=K_PATTERN, help="regex naming k tensors")
     convert.add_argument("--force", action="store_true", help="replace an existing output")
     convert.set_defaults(func=_cmd_convert)
+
+    bench = sub.add_parser(
+        "bench",
+        help="time posemb's RoPE paths against bandwidth references and other libraries",
+        description="Prefill (4, 32, 2048, 128), decode (64, 32, 1, 128) and long "
+        "(1, 8, 32768, 128) shapes, fp32 and bf16, forward, backward and both: median time, GB/s "
+        "over the minimum traffic, and ratios against x.mul_(1.0), empty_like(x).copy_(x) and "
+        "transformers' eager apply_rotary_pos_emb measured in the same run.",
+    )
+    bench.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    bench.add_argument("--quick", action="store_true", help="tiny shapes: proves it runs")
+    bench.add_argument("--repeats", type=_positive, help="timed repetitions per measurement")
+    bench.add_argument(
+        "--shapes", nargs="+", choices=("prefill", "decode", "long"), help="a subset of shapes"
+    )
+    bench.add_argument("--out", help="write a long-format CSV here (atomically)")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -399,11 +399,8 @@ def patch_rotary(model: nn.Module) -> list[str]:
             raise ValueError(f"{name} ({cls}) has no config to read its RoPE from")
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        new = HFRotaryEmbedding(config)
-        ref = next(iter(module.buffers()), None)
-        if ref is not None:
-            new.to(ref.device)
-        setattr(parent, attr, new)
+        # No buffers to move: the tables are built on the device of each call's input.
+        setattr(parent, attr, HFRotaryEmbedding(config))
         replaced.append(name)
     if not replaced:
         raise ValueError(
@@ -448,12 +445,10 @@ def attention_shape(config: object) -> AttentionShape:
     kv = heads if kv is None else _int("num_key_value_heads", kv)
     head_dim = rotary = None
     if d.get("head_dim") is not None or d.get("hidden_size") is not None:
-        try:
-            spec = rope_spec(d)
-            head_dim, rotary = spec.head_dim, spec.rotary_dim
-        except ValueError:
-            head_dim = d.get("head_dim") or d["hidden_size"] // heads  # type: ignore[operator]
-    elif d.get("dim") is not None:
+        # A Hugging Face config: its RoPE description must be valid to say what rotates.
+        spec = rope_spec(d)
+        head_dim, rotary = spec.head_dim, spec.rotary_dim
+    elif d.get("dim") is not None:  # Meta's params.json: every channel of a head rotates
         head_dim = _int("dim", d["dim"]) // heads
     return AttentionShape(heads, kv, head_dim, rotary)
 

@@ -242,6 +242,9 @@ class RotaryEmbedding(nn.Module):
             default all (GPT-NeoX and Phi rotate a fraction).
         layout: which channels form a plane (:class:`Layout`).
         scaling: a :mod:`posemb.scaling` schedule; default :class:`posemb.scaling.Default`.
+        backend: how to rotate: "auto" (the fastest available for the tensors' device and
+            dtype), "reference", "cpu" (fused C++ loop) or "triton" (GPU kernel); see
+            :mod:`posemb.kernels`.
     """
 
     def __init__(
@@ -251,6 +254,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim: int | None = None,
         layout: Layout | str = Layout.HALF,
         scaling: _scaling.RopeScaling | None = None,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.head_dim = _checks.positive_int("head_dim", head_dim)
@@ -261,6 +265,11 @@ class RotaryEmbedding(nn.Module):
         self.base = _checks.base(base)
         self.layout = as_layout(layout)
         self.scaling = _scaling.check(scaling)
+        from .kernels import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.backend = backend
 
     @classmethod
     def from_hf(cls, config: object, layer_type: str | None = None) -> RotaryEmbedding:
@@ -327,28 +336,37 @@ class RotaryEmbedding(nn.Module):
             )
         return x
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Rotate one tensor ``(batch, heads, seq, head_dim)``; positions as in :meth:`forward`."""
+    def rotate(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, inplace: bool = False
+    ) -> torch.Tensor:
+        """Rotate one tensor ``(batch, heads, seq, head_dim)``; as :meth:`forward`."""
         x = self._check("x", x)
-        pos = self._positions(x, positions)
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(pos, dtype=compute, device=x.device)
-        return apply_rope(x, cos, sin, self.layout)
+        # A k with zero heads lets the single tensor take the same path as a (q, k) pair.
+        return self.forward(x, x[:, :0], positions, inplace=inplace)[0]
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        inplace: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate queries and keys that sit at the same positions.
 
         Args:
-            q: ``(batch, q_heads, seq, head_dim)``.
+            q: ``(batch, q_heads, seq, head_dim)``; any strides with unit stride in head_dim
+                (a ``(batch, seq, heads, dim)`` tensor transposed is fine).
             k: ``(batch, kv_heads, seq, head_dim)``; kv_heads may differ from q_heads (GQA/MQA).
             positions: ``(seq,)`` or ``(batch, seq)`` integers, any values (a KV-cache decode
                 step passes its offset here); default ``0 .. seq-1``.
+            inplace: rotate q and k in their own memory (inference; refuses tensors that
+                require grad). Out of place otherwise.
 
         Returns:
             ``(q, k)`` rotated, each with its input's shape and dtype.
         """
+        from . import kernels
+
         q = self._check("q", q)
         k = self._check("k", k)
         if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
@@ -359,12 +377,14 @@ class RotaryEmbedding(nn.Module):
         pos = self._positions(q, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(pos, dtype=compute, device=q.device)
-        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+        return kernels.rope(
+            q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
+        )
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
-            f"layout={self.layout.value}, scaling={self.scaling!r}"
+            f"layout={self.layout.value}, scaling={self.scaling!r}, backend={self.backend!r}"
         )
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU check for posemb's Triton RoPE kernel: tests against the reference, then the benchmark.
+# Meant for the lent H200 (no network there; its image has torch, triton, transformers,
+# pytest, hypothesis, safetensors). Finishes in well under 5 minutes.
+#
+# Optional comparison libraries travel as wheels in .whl/ (carry it), fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl liger-kernel rotary-embedding-torch
+# Results land in $OUT (or ./gpu-results when run elsewhere).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-results}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/posemb-site .whl/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/posemb-site"
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    | tee -a "$OUT/gpu.txt"
+
+# 1. Correctness on the GPU: every kernel test runs its CUDA variant when a GPU is present.
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
+    2>&1 | tee "$OUT/tests.txt"
+
+# 2. Speed: all shapes, fp32 and bf16, forward/backward/both, against a device copy.
+timeout 150 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 \
+    | tee "$OUT/bench-gpu.txt"

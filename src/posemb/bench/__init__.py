@@ -1,0 +1,1 @@
+"""Benchmarks: posemb's kernels against bandwidth references and other libraries."""

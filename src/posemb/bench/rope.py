@@ -1,0 +1,383 @@
+"""RoPE benchmark: posemb's paths against the memory-bandwidth limit and other libraries.
+
+Applying RoPE is memory-bound, so every method is timed on the same tensors in the same run as
+two bandwidth references: ``x.mul_(1.0)`` (one read and one write in place, the floor for an
+in-place rotation) and ``torch.empty_like(x).copy_(x)`` (a fresh output, the floor for an
+out-of-place one). Ratios against them, and against ``transformers``' eager
+``apply_rotary_pos_emb``, are what to quote: the machines are shared and noisy, absolute times
+only hold for the machine they came from. GB/s counts the minimum traffic: one read and one
+write of x per pass (forward or backward).
+
+Only one tensor is rotated (shaped like q), so every method moves the same bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+import posemb
+
+from .. import kernels
+
+logger = logging.getLogger("posemb.bench")
+
+SHAPES = {
+    "prefill": (4, 32, 2048, 128),
+    "decode": (64, 32, 1, 128),
+    "long": (1, 8, 32768, 128),
+}
+QUICK_SHAPES = {"prefill": (2, 4, 256, 64), "decode": (8, 4, 1, 64), "long": (1, 2, 1024, 64)}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MODES = ("forward", "backward", "both")
+
+
+@dataclass
+class Row:
+    """One measurement, a row of the long-format CSV."""
+
+    shape_name: str
+    shape: str
+    dtype: str
+    mode: str
+    method: str
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    gbps: float | None
+    vs_bandwidth: float | None
+    vs_hf_eager: float | None
+    first_call_ms: float
+    device: str
+    device_name: str
+    threads: int
+    torch: str
+    posemb: str
+    transformers: str | None
+    triton: str | None
+    timestamp: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(
+    fn: Callable[[], object], device: torch.device, repeats: int
+) -> tuple[float, list[float]]:
+    """First-call time and the steady-state times, in ms."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    first = (time.perf_counter() - t0) * 1e3
+    fn()  # a second warm-up: allocator and caches settle
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return first, times
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # not installed
+        return None
+
+
+def _methods(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, device: torch.device
+) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
+    """name -> (kind, f) where kind is 'inplace', 'outofplace' or 'reference'."""
+    k0 = x[:, :0]  # zero kv heads: every method rotates exactly x
+    fused = kernels.resolve_backend("auto", x)
+    methods: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+        f"posemb {fused} in-place": (
+            "inplace",
+            lambda t: kernels.rope(t, k0, cos, sin, backend=fused, inplace=True)[0],
+        ),
+        f"posemb {fused}": (
+            "outofplace",
+            lambda t: kernels.rope(t, t[:, :0], cos, sin, backend=fused)[0],
+        ),
+        "posemb reference": ("outofplace", lambda t: posemb.apply_rope(t, cos, sin)),
+    }
+    full_cos, full_sin = (
+        torch.cat((cos, cos), -1).to(x.dtype),
+        torch.cat((sin, sin), -1).to(x.dtype),
+    )
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        methods["transformers eager"] = (
+            "outofplace",
+            lambda t: apply_rotary_pos_emb(t, t[:, :0], full_cos[None], full_sin[None])[0],
+        )
+    except ImportError:
+        pass
+    try:
+        from rotary_embedding_torch import apply_rotary_emb
+
+        angles = torch.atan2(sin, cos).repeat_interleave(2, -1)  # interleaved angle per channel
+
+        def ret(t: torch.Tensor) -> torch.Tensor:
+            return apply_rotary_emb(angles, t)
+
+        methods["rotary-embedding-torch"] = ("outofplace", ret)
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        try:
+            from liger_kernel.ops.rope import LigerRopeFunction
+
+            methods["liger-kernel"] = (
+                "outofplace",
+                lambda t: LigerRopeFunction.apply(
+                    t, t[:, :1].contiguous(), full_cos[None], full_sin[None]
+                )[0],
+            )
+        except ImportError:
+            pass
+        try:
+            from flash_attn.layers.rotary import apply_rotary_emb as fa_rotary
+
+            def fa(t: torch.Tensor) -> torch.Tensor:
+                # flash-attn wants (batch, seq, heads, dim)
+                return fa_rotary(t.transpose(1, 2), cos.to(t.dtype), sin.to(t.dtype)).transpose(
+                    1, 2
+                )
+
+            methods["flash-attn"] = ("outofplace", fa)
+        except ImportError:
+            pass
+    # A library whose call fails on a small slice (an API change, a missing GPU feature) is
+    # left out of this run rather than aborting it.
+    probe = x[:1, :1]
+    usable = {}
+    for name, (kind, fn) in methods.items():
+        if name.startswith("posemb"):
+            usable[name] = (kind, fn)
+            continue
+        try:
+            with torch.no_grad():
+                fn(probe.clone())
+            usable[name] = (kind, fn)
+        except Exception as err:  # third-party code: report and go on
+            logger.warning("posemb bench: leaving out %s: %s: %s", name, type(err).__name__, err)
+    return usable
+
+
+def run(
+    device: str = "cpu",
+    quick: bool = False,
+    repeats: int | None = None,
+    shapes: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Row], dict[str, float]]:
+    """Run the benchmark; return its rows and one-off costs (``cpu_kernel_build_s``).
+
+    Args:
+        device: "cpu" or "cuda".
+        quick: small shapes and 2 repeats: proves the harness works (CI), measures nothing.
+        repeats: timed repetitions per measurement (default 5 on CPU, 50 on GPU).
+        shapes: subset of :data:`SHAPES` names.
+        progress: called with a line per measurement.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    table = QUICK_SHAPES if quick else SHAPES
+    names = shapes or list(table)
+    for n in names:
+        if n not in table:
+            raise ValueError(f"unknown shape {n!r}; known: {', '.join(table)}")
+    reps = repeats or (2 if quick else (5 if dev.type == "cpu" else 50))
+    one_off: dict[str, float] = {}
+    if dev.type == "cpu":
+        t0 = time.perf_counter()
+        from ..kernels import cpu
+
+        cpu.load()
+        one_off["cpu_kernel_load_s"] = time.perf_counter() - t0
+    meta = {
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "posemb": posemb.__version__,
+        "transformers": _version("transformers"),
+        "triton": _version("triton"),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    rows: list[Row] = []
+    for shape_name in names:
+        for dtype_name in DTYPES:
+            rows += _measure(shape_name, table[shape_name], dtype_name, dev, reps, meta, progress)
+    _ratios(rows)
+    return rows, one_off
+
+
+def _measure(
+    shape_name: str,
+    shape: tuple[int, ...],
+    dtype_name: str,
+    dev: torch.device,
+    reps: int,
+    meta: dict[str, object],
+    progress: Callable[[str], None] | None,
+) -> list[Row]:
+    """Every method on one shape and dtype: forward, and forward+backward where it applies."""
+    x = torch.randn(shape, device=dev, dtype=DTYPES[dtype_name])
+    rope = posemb.RotaryEmbedding(shape[-1], backend="reference")
+    cos, sin = rope.cos_sin(torch.arange(shape[2], device=dev), device=dev)
+    nbytes = x.numel() * x.element_size()
+    rows: list[Row] = []
+    forward_ms: dict[str, float] = {}
+
+    def record(mode: str, method: str, first: float, times: list[float], traffic: int) -> None:
+        med = statistics.median(times)
+        q = statistics.quantiles(times, n=5) if len(times) > 1 else [med] * 4
+        if mode == "forward":
+            forward_ms[method] = med
+        gbps = traffic / (med * 1e-3) / 1e9 if med > 0 else None
+        shape_text = "x".join(map(str, shape))
+        rows.append(
+            Row(
+                shape_name,
+                shape_text,
+                dtype_name,
+                mode,
+                method,
+                med,
+                q[0],
+                q[-1],
+                gbps,
+                None,
+                None,
+                first,
+                **meta,
+            )  # type: ignore[arg-type]
+        )
+        if progress:
+            progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {med:9.3f} ms")
+
+    # Bandwidth references, forward only.
+    first, times = _time(lambda: x.mul_(1.0), dev, reps)
+    record("forward", "bandwidth: x.mul_(1.0)", first, times, 2 * nbytes)
+    first, times = _time(lambda: torch.empty_like(x).copy_(x), dev, reps)
+    record("forward", "bandwidth: empty_like.copy_", first, times, 2 * nbytes)
+    grad = torch.randn_like(x)
+    for method, (kind, fn) in _methods(x, cos, sin, dev).items():
+        with torch.no_grad():
+            first, times = _time(lambda fn=fn: fn(x), dev, reps)
+        record("forward", method, first, times, 2 * nbytes)
+        if kind == "inplace":
+            continue  # in place is the inference path: no autograd
+        xg = x.detach().clone().requires_grad_()
+
+        def both(fn=fn, xg=xg):
+            xg.grad = None
+            fn(xg).backward(grad)
+
+        first, times = _time(both, dev, reps)
+        record("both", method, first, times, 4 * nbytes)
+        # Backward alone, as autograd users pay it: forward+backward minus forward.
+        fwd = forward_ms[method]
+        record("backward", method, first, [max(t - fwd, 0.0) for t in times], 2 * nbytes)
+    return rows
+
+
+def _ratios(rows: list[Row]) -> None:
+    """Fill vs_bandwidth (in-place methods vs mul_, others vs copy_) and vs_hf_eager."""
+    by = {(r.shape_name, r.dtype, r.mode, r.method): r for r in rows}
+    for r in rows:
+        key = (r.shape_name, r.dtype)
+        if r.method.startswith("bandwidth"):
+            continue
+        if r.mode == "forward":
+            ref = (
+                "bandwidth: x.mul_(1.0)"
+                if r.method.endswith("in-place")
+                else "bandwidth: empty_like.copy_"
+            )
+            bw = by.get((*key, "forward", ref))
+            if bw and bw.median_ms > 0:
+                r.vs_bandwidth = r.median_ms / bw.median_ms
+        hf = by.get((*key, r.mode, "transformers eager"))
+        if hf and r.median_ms > 0:
+            r.vs_hf_eager = hf.median_ms / r.median_ms
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    """Write rows as a long-format CSV, atomically (temporary file, then rename)."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    buf = io.StringIO()
+    fields = list(asdict(rows[0]).keys()) if rows else list(Row.__dataclass_fields__)
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(asdict(r))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench.", suffix=".csv.tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def summary(rows: list[Row], one_off: dict[str, float]) -> str:
+    """A one-screen table: per shape, dtype and mode, each method's time and ratios."""
+    if not rows:
+        return "no measurements"
+    r0 = rows[0]
+    lines = [
+        f"posemb bench: {r0.device} ({r0.device_name}), {r0.threads} threads, torch {r0.torch}, "
+        f"{r0.timestamp}",
+    ]
+    lines += [f"one-off: {k} = {v:.2f}" for k, v in one_off.items()]
+    lines.append(
+        f"{'shape':8} {'dtype':5} {'mode':8} {'method':30} {'median ms':>10} {'GB/s':>7} "
+        f"{'x bandwidth':>11} {'vs HF eager':>11}"
+    )
+
+    def f(v: float | None, fmt: str, width: int, unit: str = "") -> str:
+        return ("-" if v is None else format(v, fmt) + unit).rjust(width)
+
+    order = {m: i for i, m in enumerate(MODES)}
+    for r in sorted(rows, key=lambda r: (r.shape_name, r.dtype, order[r.mode])):
+        lines.append(
+            f"{r.shape_name:8} {r.dtype:5} {r.mode:8} {r.method:30} {r.median_ms:10.3f} "
+            f"{f(r.gbps, '.1f', 7)} {f(r.vs_bandwidth, '.2f', 11, 'x')} "
+            f"{f(r.vs_hf_eager, '.1f', 11, 'x')}"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["MODES", "QUICK_SHAPES", "SHAPES", "Row", "run", "summary", "write_csv"]
