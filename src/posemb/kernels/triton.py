@@ -100,8 +100,9 @@ def _rope_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    # Token blocks on grid axis 0, the only one allowed more than 65535 programs.
+    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
     if VARLEN:
         start = tl.load(CU + b).to(tl.int64)
         length = tl.load(CU + b + 1).to(tl.int64) - start
@@ -204,7 +205,7 @@ def launch(
         block_t, per_program = triton.next_power_of_2(min(seq_len, 256)), heads
     else:
         block_t, per_program = (4 if seq_len <= 4 else 16), min(heads, 4)
-    grid = (batch, triton.cdiv(seq_len, block_t), triton.cdiv(heads, per_program))
+    grid = (triton.cdiv(seq_len, block_t), batch, triton.cdiv(heads, per_program))
     dummy = cos  # unused pointer arguments still need a tensor
     pos_sb = pos_st = 0
     if positions is not None:
