@@ -100,7 +100,10 @@ def test_learned_refuses_default_positions_past_max_len():
     "call,match",
     [
         (lambda: posemb.LearnedEmbedding(0, 4), "max_len must be a positive integer"),
-        (lambda: posemb.LearnedEmbedding(4, 4, init_std=-1), "init_std must be a number >= 0"),
+        (
+            lambda: posemb.LearnedEmbedding(4, 4, init_std=-1),
+            "init_std must be a finite number >= 0",
+        ),
         (lambda: posemb.SinusoidalEmbedding(5), "dim must be even"),
         (lambda: posemb.SinusoidalEmbedding(4, base=0.5), "base must be finite"),
         (

@@ -295,7 +295,7 @@ def cfg(**params):
         ),
         (
             cfg(rope_type="linear", factor=0.5),
-            r"rope_parameters\['factor'\] must be a number >= 1, got 0.5",
+            r"rope_parameters\['factor'\] must be a finite number >= 1, got 0.5",
         ),
         (
             cfg(
@@ -358,7 +358,7 @@ def cfg(**params):
         ),
         (
             cfg(rope_type="default", rope_theta=1.0),
-            r"rope_parameters\['rope_theta'\] must be a number > 1",
+            r"rope_parameters\['rope_theta'\] must be a finite number > 1",
         ),
         (
             {"num_attention_heads": 4},

@@ -20,6 +20,17 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+def number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
+    """Return ``value`` as a float if it is a finite real >= ``minimum`` (> if ``strict``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def even_int(name: str, value: object) -> int:
     """Return ``value`` if it is a positive even integer (a count of rotated channel pairs)."""
     positive_int(name, value)

@@ -129,9 +129,7 @@ class LearnedEmbedding(nn.Module):
         super().__init__()
         self.max_len = _checks.positive_int("max_len", max_len)
         self.dim = _checks.positive_int("dim", dim)
-        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or init_std < 0:
-            raise ValueError(f"init_std must be a number >= 0, got {init_std!r}")
-        self.init_std = float(init_std)
+        self.init_std = _checks.number("init_std", init_std, minimum=0.0)
         self.weight = nn.Parameter(torch.empty(max_len, dim))
         self.reset_parameters()
 

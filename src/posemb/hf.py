@@ -35,7 +35,6 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import re
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import _checks
 from . import scaling as sc
 from .rope import Layout, RotaryEmbedding, permute_layout
 
@@ -112,20 +112,8 @@ def _as_dict(config: object) -> dict[str, object]:
     )
 
 
-def _num(key: str, value: object, *, minimum: float, strict: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = value > minimum if strict else value >= minimum
-    if not ok:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{key} must be a number {rel} {minimum:g}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def _int(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return value
+_num = _checks.number
+_int = _checks.positive_int
 
 
 def _is_nested(params: object) -> bool:

@@ -22,26 +22,18 @@ from typing import ClassVar
 
 import torch
 
+from . import _checks
 from .freqs import inv_freq as _default_inv_freq
 
 F64 = torch.float64
 
 
 def _number(cls: str, name: str, value: object, *, minimum: float, strict: bool = False) -> float:
-    """Validate a finite real ``value`` >= ``minimum`` (> if ``strict``) for field ``name``."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = value > minimum if strict else value >= minimum
-    if not ok:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{cls}.{name} must be a finite number {rel} {minimum:g}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return _checks.number(f"{cls}.{name}", value, minimum=minimum, strict=strict)
 
 
 def _length(cls: str, name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{cls}.{name} must be a positive integer (tokens), got {value!r}")
-    return value
+    return _checks.positive_int(f"{cls}.{name}", value)
 
 
 def _need_pairs(cls: str, rotary_dim: int, minimum: int = 2) -> None:
