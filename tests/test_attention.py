@@ -92,3 +92,120 @@ def test_probabilities_rows_sum_to_one_and_respect_mask():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- PositionalAttention -------------------------------------------------------------------------
+
+from posemb.attention import ATTENTION_ENCODINGS  # noqa: E402
+
+
+def naive(pa, q, k, v, qp, kp, pad=None):
+    """Softmax attention written out: rotate or bias, mask by positions, no SDPA."""
+    if pa.kind == "rotary":
+        q, k = pa.encoding.rotate(q, qp), pa.encoding.rotate(k, kp)
+    elif pa.kind == "xpos":
+        q, k = pa.encoding(q, k, qp, k_positions=kp)
+    bias = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=q.dtype)
+    if pa.kind == "bias":
+        bias = bias + pa.encoding(qp, kp).to(q.dtype)
+    if pa.causal:
+        bias = bias.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
+    if pad is not None:
+        bias = bias.masked_fill(pad[:, None, None, :], float("-inf"))
+    return posemb.attention(q, k, v, bias=bias)
+
+
+@pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_positional_attention_matches_naive_softmax(encoding, causal):
+    torch.manual_seed(0)
+    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=causal).double()
+    q, k, v = _qkv(b=2, h=4, hk=2, sq=7, sk=7, d=8)
+    v = v[..., :8]
+    pos = torch.arange(7)
+    torch.testing.assert_close(pa(q, k, v), naive(pa, q, k, v, pos, pos), **TOL[F64])
+    # Offset positions and a padded key.
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 2] = True
+    qp, kp = torch.arange(50, 57), torch.arange(50, 57)
+    got = pa(q, k, v, positions=qp, k_positions=kp, key_padding_mask=pad)
+    torch.testing.assert_close(got, naive(pa, q, k, v, qp, kp, pad), **TOL[F64])
+
+
+@pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
+def test_decoding_token_by_token_equals_full_forward(encoding):
+    torch.manual_seed(1)
+    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    q, k, v = _qkv(b=2, h=4, hk=1, sq=11, sk=11, d=8, seed=2)
+    full = pa(q, k, v)
+    steps = [pa(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1]) for t in range(11)]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, **TOL[F64])
+
+
+def test_nope_is_blind_and_alibi_encoding_objects():
+    nope = posemb.PositionalAttention("nope", num_heads=2, head_dim=4)
+    q, k, v = _qkv(b=1, h=2, hk=2, sq=5, sk=5, d=4)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    out = nope(q.float(), k.float(), v[..., :4].float())
+    permuted = nope(q[:, :, perm].float(), k[:, :, perm].float(), v[:, :, perm, :4].float())
+    torch.testing.assert_close(permuted, out[:, :, perm])
+    alibi = posemb.PositionalAttention(posemb.ALiBi(2), num_heads=2, head_dim=4)
+    assert alibi.kind == "bias"
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (
+            lambda: posemb.PositionalAttention("rotary", num_heads=2, head_dim=4),
+            "unknown encoding 'rotary'; known: nope, rope, xpos, alibi, t5, fire",
+        ),
+        (
+            lambda: posemb.PositionalAttention("sinusoidal", num_heads=2, head_dim=4),
+            "added to the token embeddings",
+        ),
+        (
+            lambda: posemb.PositionalAttention(torch.nn.Linear(2, 2), num_heads=2, head_dim=4),
+            "encoding must be a name",
+        ),
+        (
+            lambda: posemb.PositionalAttention(posemb.ALiBi(3), num_heads=2, head_dim=4),
+            "the bias encoding has 3 heads",
+        ),
+        (
+            lambda: posemb.PositionalAttention("alibi", num_heads=0, head_dim=4),
+            "num_heads must be a positive integer",
+        ),
+        (
+            lambda: posemb.PositionalAttention("t5", num_heads=2, head_dim=4, num_buckets=1),
+            "num_buckets must be >= 4",
+        ),
+        (
+            lambda: posemb.PositionalAttention("rope", num_heads=2, head_dim=4)(
+                *_qkv(h=2, hk=2, d=8)
+            ),
+            "head_dim 4",
+        ),
+        (
+            lambda: posemb.PositionalAttention("rope", num_heads=4, head_dim=8)(
+                *_qkv(h=4, hk=3, d=8)
+            ),
+            "kv_heads dividing 4",
+        ),
+        (
+            lambda: posemb.PositionalAttention("nope", num_heads=4, head_dim=8)(
+                *_qkv(), key_padding_mask=torch.zeros(2, 7)
+            ),
+            "key_padding_mask must be a bool tensor of shape",
+        ),
+        (
+            lambda: posemb.PositionalAttention("nope", num_heads=4, head_dim=8)(
+                *_qkv(), positions=torch.arange(3)
+            ),
+            r"positions must have shape \(7,\)",
+        ),
+    ],
+)
+def test_positional_attention_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from . import _checks
 
@@ -119,3 +121,205 @@ def permutation_matrix(perm: torch.Tensor | list[int]) -> torch.Tensor:
     if not torch.equal(torch.sort(p).values, torch.arange(n)):
         raise ValueError(f"perm must be a permutation of 0..{n - 1}, got {p.tolist()}")
     return torch.eye(n, dtype=torch.float64)[p]
+
+
+# --- one entry point for every encoding ----------------------------------------------------------
+
+ATTENTION_ENCODINGS = ("nope", "rope", "xpos", "alibi", "t5", "fire")
+INPUT_ENCODINGS = ("sinusoidal", "learned")
+
+
+def make_encoding(
+    name: str, num_heads: int, head_dim: int, causal: bool = False, **kwargs: object
+) -> nn.Module | None:
+    """Build an attention-level encoding by name (None for "nope").
+
+    Args:
+        name: one of :data:`ATTENTION_ENCODINGS`.
+        num_heads, head_dim: attention shape.
+        causal: T5 buckets become one-directional for causal attention.
+        kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE).
+    """
+    from .bias import ALiBi, FireBias, T5RelativeBias
+    from .rope import RotaryEmbedding, XPos
+
+    if name in INPUT_ENCODINGS:
+        raise ValueError(
+            f"encoding {name!r} is added to the token embeddings, not inside attention: use "
+            f"posemb.{'SinusoidalEmbedding' if name == 'sinusoidal' else 'LearnedEmbedding'} on "
+            f"the input and encoding='nope' here"
+        )
+    builders = {
+        "nope": lambda: None,
+        "rope": lambda: RotaryEmbedding(head_dim, **kwargs),
+        "xpos": lambda: XPos(head_dim, **kwargs),
+        "alibi": lambda: ALiBi(num_heads, **kwargs),
+        "t5": lambda: T5RelativeBias(num_heads, bidirectional=not causal, **kwargs),
+        "fire": lambda: FireBias(num_heads, **kwargs),
+    }
+    if name not in builders:
+        raise ValueError(
+            f"unknown encoding {name!r}; known: {', '.join(ATTENTION_ENCODINGS)} (and "
+            f"{', '.join(INPUT_ENCODINGS)} at the input)"
+        )
+    return builders[name]()
+
+
+class PositionalAttention(nn.Module):
+    """Scaled dot-product attention with any posemb encoding, by name or as a module.
+
+    Rotary encodings (RoPE, xPos) turn q and k; bias encodings (ALiBi, T5 buckets, FIRE) add
+    to the logits; NoPE does neither. The work is done by
+    ``torch.nn.functional.scaled_dot_product_attention``, with ``is_causal=True`` whenever no
+    bias or mask is needed, and otherwise a bias built for the shapes of this call only.
+
+    Positions work for every encoding: queries default to the last ``q_len`` of ``k_len``
+    positions, so a decode step (one query over a cache of k and v, not yet rotated) gives the
+    same output as the same row of the full forward.
+
+    Args:
+        encoding: a name from :data:`ATTENTION_ENCODINGS`, an encoding module
+            (``RotaryEmbedding``, ``XPos``, ``ALiBi``, ``T5RelativeBias``, ``FireBias``) or None.
+        num_heads: query heads.
+        head_dim: channels per head.
+        causal: mask keys at later positions than the query.
+        kwargs: passed to the encoding's constructor when ``encoding`` is a name.
+    """
+
+    def __init__(
+        self,
+        encoding: str | nn.Module | None = "rope",
+        *,
+        num_heads: int,
+        head_dim: int,
+        causal: bool = False,
+        **kwargs: object,
+    ) -> None:
+        super().__init__()
+        from .bias import ALiBi, FireBias, T5RelativeBias
+        from .rope import RotaryEmbedding, XPos
+
+        self.num_heads = _checks.positive_int("num_heads", num_heads)
+        self.head_dim = _checks.positive_int("head_dim", head_dim)
+        self.causal = bool(causal)
+        if isinstance(encoding, str):
+            self.name = encoding
+            self.encoding = make_encoding(encoding, num_heads, head_dim, causal, **kwargs)
+        else:
+            self.encoding = encoding
+            self.name = "nope" if encoding is None else type(encoding).__name__
+        enc = self.encoding
+        if enc is None:
+            self.kind = "none"
+        elif isinstance(enc, XPos):
+            self.kind = "xpos"
+        elif isinstance(enc, RotaryEmbedding):
+            self.kind = "rotary"
+        elif isinstance(enc, (ALiBi, T5RelativeBias, FireBias)):
+            self.kind = "bias"
+            heads = enc.num_heads
+            if heads != num_heads:
+                raise ValueError(f"the bias encoding has {heads} heads, attention has {num_heads}")
+        else:
+            raise ValueError(
+                f"encoding must be a name ({', '.join(ATTENTION_ENCODINGS)}), a posemb encoding "
+                f"module or None, got {type(encoding).__name__}"
+            )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend.
+
+        Args:
+            q: ``(batch, heads, q_len, head_dim)``.
+            k: ``(batch, kv_heads, k_len, head_dim)``, not rotated (heads a divisor of q's).
+            v: ``(batch, kv_heads, k_len, v_dim)``.
+            positions: query positions ``(q_len,)`` or ``(batch, q_len)``; default the last
+                q_len of 0..k_len-1.
+            k_positions: key positions ``(k_len,)`` or ``(batch, k_len)``; default 0..k_len-1.
+            key_padding_mask: bool ``(batch, k_len)``, True where a key is padding.
+
+        Returns:
+            ``(batch, heads, q_len, v_dim)`` in q's dtype.
+        """
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _checks.float_tensor(name, t)
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}"
+                )
+        b, hq, q_len, d = q.shape
+        if d != self.head_dim or k.shape[-1] != d or hq != self.num_heads:
+            raise ValueError(
+                f"q and k must have {self.num_heads} / any heads and head_dim {self.head_dim}, "
+                f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        if k.shape[0] != b or v.shape[:3] != k.shape[:3] or hq % k.shape[1]:
+            raise ValueError(
+                f"k and v must be (batch={b}, kv_heads dividing {hq}, k_len, ...), got k "
+                f"{tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        k_len = k.shape[2]
+        default_positions = positions is None and k_positions is None
+        kp = self._positions("k_positions", k_positions, b, k_len, k.device, 0)
+        qp = self._positions("positions", positions, b, q_len, q.device, k_len - q_len)
+        if self.kind == "rotary":
+            q, k = self.encoding.rotate(q, qp), self.encoding.rotate(k, kp)  # type: ignore[union-attr]
+        elif self.kind == "xpos":
+            q, k = self.encoding(q, k, qp, k_positions=kp)  # type: ignore[misc]
+        bias = self.encoding(qp, kp).to(q.dtype) if self.kind == "bias" else None  # type: ignore[misc]
+        mask = None
+        if self.causal and not (default_positions and q_len == k_len and bias is None):
+            rel = kp.unsqueeze(-2) - qp.unsqueeze(-1)  # (q, k) or (b, q, k)
+            mask = rel <= 0
+            mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
+        if key_padding_mask is not None:
+            pad = key_padding_mask
+            if (
+                not isinstance(pad, torch.Tensor)
+                or pad.dtype != torch.bool
+                or pad.shape != (b, k_len)
+            ):
+                raise ValueError(
+                    f"key_padding_mask must be a bool tensor of shape ({b}, {k_len}), True at "
+                    f"padding, got {getattr(pad, 'dtype', type(pad).__name__)} "
+                    f"{tuple(getattr(pad, 'shape', ()))}"
+                )
+            keep = ~pad[:, None, None, :]
+            mask = keep if mask is None else mask & keep
+        if hq != k.shape[1]:
+            k = k.repeat_interleave(hq // k.shape[1], dim=1)
+            v = v.repeat_interleave(hq // v.shape[1], dim=1)
+        if bias is None and mask is None:
+            is_causal = self.causal  # default positions, equal lengths: the fast causal path
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        attn = bias
+        if mask is not None:
+            blocked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~mask, float("-inf")
+            )
+            attn = blocked if attn is None else attn + blocked
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn)
+
+    @staticmethod
+    def _positions(
+        name: str, value: object, batch: int, length: int, device: torch.device, start: int
+    ) -> torch.Tensor:
+        if value is None:
+            return torch.arange(start, start + length, device=device)
+        pos = _checks.positions(value, max_dim=2, name=name).to(device)
+        if pos.shape[-1] != length or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
+            raise ValueError(
+                f"{name} must have shape ({length},) or ({batch}, {length}), got {tuple(pos.shape)}"
+            )
+        return pos
+
+    def extra_repr(self) -> str:
+        return f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"

@@ -388,6 +388,91 @@ class RotaryEmbedding(nn.Module):
         )
 
 
+class XPos(RotaryEmbedding):
+    """xPos, Sun et al. 2022 ("A Length-Extrapolatable Transformer"), section 3.2: RoPE whose
+    pair i is also scaled by zeta_i^(m / B) on the query and zeta_i^(-n / B) on the key, with
+    zeta_i = (2i/d + gamma) / (1 + gamma) < 1. The logit then carries zeta_i^((m - n) / B): the
+    product depends on the distance only, and attention to far keys decays smoothly.
+
+    The paper uses gamma = 0.4 and B = 512 and pairs it with causal attention (for m >= n the
+    factor is <= 1). The per-position scale over- or underflows float32 once |m| / B reaches a
+    few hundred; ``center`` is subtracted from every position first (the relative property is
+    untouched) to keep the exponents small.
+
+    Args:
+        head_dim, base, rotary_dim, layout: as :class:`RotaryEmbedding`.
+        gamma: > 0.
+        scale_base: B > 0, in tokens.
+        center: position subtracted before scaling.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        layout: Layout | str = Layout.HALF,
+        gamma: float = 0.4,
+        scale_base: float = 512.0,
+        center: int = 0,
+    ) -> None:
+        super().__init__(head_dim, base, rotary_dim, layout, backend="reference")
+        self.gamma = _checks.number("gamma", gamma, minimum=0.0, strict=True)
+        self.scale_base = _checks.number("scale_base", scale_base, minimum=0.0, strict=True)
+        self.center = int(center)
+        i = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64)
+        self._zeta = (i / self.rotary_dim + self.gamma) / (1 + self.gamma)
+
+    def scales(self, positions: torch.Tensor) -> torch.Tensor:
+        """zeta_i^((p - center) / B) for positions ``P``: float64 ``P + (rotary_dim // 2,)``."""
+        p = _checks.positions(positions).to(torch.float64) - self.center
+        return self._zeta.to(p.device) ** (p.unsqueeze(-1) / self.scale_base)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        inplace: bool = False,
+        k_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate and scale q (up) and k (down); ``k_positions`` for a k of another length.
+
+        Args:
+            q: ``(batch, heads, q_len, head_dim)``.
+            k: ``(batch, kv_heads, k_len, head_dim)``.
+            positions: q positions ``(q_len,)`` or ``(batch, q_len)``; default 0..q_len-1.
+            inplace: must be False (the scaled tables differ for q and k).
+            k_positions: k positions; default ``positions`` when k_len == q_len.
+
+        Returns:
+            ``(q, k)``.
+        """
+        if inplace:
+            raise ValueError("XPos does not rotate in place (q and k take different scales)")
+        q = self._check("q", q)
+        k = self._check("k", k)
+        qp = self._positions(q, positions)
+        if k_positions is None:
+            if k.shape[2] != q.shape[2]:
+                raise ValueError("k_positions is required when k and q differ in length")
+            kp = qp
+        else:
+            kp = self._positions(k, k_positions)
+        out = []
+        for x, pos, sign in ((q, qp, 1.0), (k, kp, -1.0)):
+            compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+            cos, sin = self.cos_sin(pos, dtype=torch.float64, device=x.device)
+            scale = self.scales(pos.to(x.device)) ** sign
+            out.append(
+                apply_rope(x, (cos * scale).to(compute), (sin * scale).to(compute), self.layout)
+            )
+        return out[0], out[1]
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", gamma={self.gamma:g}, scale_base={self.scale_base:g}"
+
+
 def permute_layout(
     weight: torch.Tensor,
     num_heads: int,
