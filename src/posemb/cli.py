@@ -204,6 +204,43 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .lab import run as lab
+
+    base = lab.quick_config() if args.quick else lab.LabConfig()
+    overrides = {
+        k: v
+        for k, v in {
+            "variants": tuple(args.variants) if args.variants else None,
+            "train_len": args.train_len,
+            "eval_lens": tuple(args.eval_lens) if args.eval_lens else None,
+            "steps": args.steps,
+            "seeds": tuple(args.seeds) if args.seeds else None,
+            "corpus": args.corpus,
+            "workers": args.workers,
+        }.items()
+        if v is not None
+    }
+    cfg = dataclasses.replace(base, **overrides)
+    if args.train_len is not None and args.eval_lens is None:
+        cfg = dataclasses.replace(
+            cfg, eval_lens=tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
+        )
+    out = args.out or ("lab-quick" if args.quick else "lab-results")
+    summary = lab.run(cfg, out, quiet=args.json)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(lab.markdown(summary))
+        print(
+            f"wrote {out}/results.json, {out}/results.md"
+            + "".join(f", {p}" for p in summary.get("plots", []))
+        )
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -287,6 +324,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="write a long-format CSV here (atomically)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of the table")
     bench.set_defaults(func=_cmd_bench)
+
+    from .lab.model import VARIANTS
+
+    lab = sub.add_parser(
+        "lab",
+        help="train each encoding at one length and measure it at longer ones",
+        description="Train a small character LM per encoding at --train-len, evaluate on fixed "
+        "held-out windows at each --eval-lens, and write results.json, results.md and plots. "
+        "Resumable: rerun the same command to continue. Variants: " + ", ".join(VARIANTS),
+    )
+    lab.add_argument("--variants", nargs="+", metavar="VARIANT", help="encodings and scalings")
+    lab.add_argument("--train-len", type=int, help="training length (default 64)")
+    lab.add_argument("--eval-lens", type=int, nargs="+", help="evaluation lengths")
+    lab.add_argument("--steps", type=int, help="training steps per model (default 500)")
+    lab.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0)")
+    lab.add_argument("--corpus", help="a UTF-8 text file (default: the embedded KJV Bible)")
+    lab.add_argument("--workers", type=int, help="worker processes (default 2)")
+    lab.add_argument("--out", help="output folder (default lab-results, or lab-quick)")
+    lab.add_argument("--quick", action="store_true", help="a small protocol (< 1 minute)")
+    lab.add_argument("--json", action="store_true", help="print results as JSON, no progress")
+    lab.set_defaults(func=_cmd_lab)
     return parser
 
 

@@ -1,0 +1,94 @@
+"""Text for the lab: the embedded King James Bible, or any UTF-8 file, as character ids.
+
+The default corpus ships with posemb (``data/kjv.txt.xz``, 0.9 MB): the King James Version
+(1611, public domain) from Debian's ``bible-kjv`` 4.38 packages, one verse per line, verse
+numbers and chapter headings removed; ``scripts/make_kjv_corpus.sh`` regenerates it
+byte for byte. No network is used.
+
+The last ``held_out`` fraction of the text is never trained on; evaluation windows are drawn
+from it with a fixed seed, so every variant is scored on the same characters.
+"""
+
+from __future__ import annotations
+
+import lzma
+import math
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+DEFAULT = "kjv"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A character-level corpus: ``ids`` (int64), the ``vocab`` string and where held-out begins."""
+
+    name: str
+    ids: torch.Tensor
+    vocab: str
+    split: int
+
+    @property
+    def train(self) -> torch.Tensor:
+        return self.ids[: self.split]
+
+    @property
+    def held_out(self) -> torch.Tensor:
+        return self.ids[self.split :]
+
+    def unigram_entropy(self) -> float:
+        """Entropy in nats/char of the training characters' frequencies: the no-context floor."""
+        counts = torch.bincount(self.train, minlength=len(self.vocab)).to(torch.float64)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * p.log()).sum())
+
+
+def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
+    """``(name, text)`` of the default corpus or a UTF-8 file; clear errors otherwise."""
+    if path is None or str(path) == DEFAULT:
+        data = resources.files("posemb.lab").joinpath("data/kjv.txt.xz").read_bytes()
+        return DEFAULT, lzma.decompress(data).decode("utf-8")
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        raise ValueError(f"corpus {p!r} does not exist or is not a file")
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"corpus {p!r} is not UTF-8 text (byte {err.start}: {err.reason})"
+        ) from None
+    if not text.strip():
+        raise ValueError(f"corpus {p!r} is empty")
+    return os.path.basename(p), text
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    held_out: float = 0.05,
+    min_held_out: int = 0,
+) -> Corpus:
+    """Load and encode a corpus.
+
+    Args:
+        path: a UTF-8 text file, or None / "kjv" for the embedded Bible.
+        held_out: fraction of the text (at its end) kept for evaluation.
+        min_held_out: characters the held-out part must have (the longest evaluation window).
+
+    Returns:
+        The :class:`Corpus`.
+    """
+    name, text = load_text(path)
+    vocab = "".join(sorted(set(text)))
+    lookup = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
+    split = len(text) - max(math.ceil(len(text) * held_out), 1)
+    if len(text) - split < min_held_out or split < min_held_out:
+        raise ValueError(
+            f"corpus {name!r} has {len(text):,} characters: too short for evaluation windows of "
+            f"{min_held_out:,} characters (needs {min_held_out:,} held out and as many to train on)"
+        )
+    return Corpus(name, ids, vocab, split)

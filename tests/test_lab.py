@@ -1,0 +1,146 @@
+"""The lab: corpus, config checks, resumable jobs, the quick protocol's finding."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from posemb import cli
+from posemb.lab import corpus
+from posemb.lab import run as lab
+
+TINY = dataclasses.replace(
+    lab.quick_config(),
+    variants=("sinusoidal", "rope", "rope+ntk"),
+    train_len=16,
+    eval_lens=(16, 32),
+    steps=20,
+    width=32,
+    layers=1,
+    heads=2,
+    batch=4,
+    eval_windows=2,
+    checkpoint_every=10,
+    workers=1,
+)
+
+
+def test_default_corpus_is_the_kjv():
+    c = corpus.load()
+    assert c.name == "kjv" and len(c.ids) > 4_000_000
+    text = corpus.load_text()[1]
+    assert text.startswith("In the beginning God created the heaven and the earth.\n")
+    assert text.count("\n") == 31102  # every verse of the KJV, one per line
+    assert 2.9 < c.unigram_entropy() < 3.1
+
+
+def test_corpus_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        corpus.load(tmp_path / "none.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(ValueError, match="is empty"):
+        corpus.load(empty)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        corpus.load(latin1)
+    short = tmp_path / "short.txt"
+    short.write_text("abc" * 100)
+    with pytest.raises(ValueError, match="too short for evaluation windows of 1,026"):
+        corpus.load(short, min_held_out=1026)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"eval_lens": (8, 32)}, "--eval-lens must be >= --train-len 16"),
+        ({"variants": ("rope", "wavelet")}, "unknown variant.* wavelet; known: learned"),
+        ({"steps": 0}, "--steps must be a positive integer, got 0"),
+        ({"width": 30}, "width 30 must split into 2 heads of even size"),
+    ],
+)
+def test_config_errors(change, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(TINY, **change).validate()
+
+
+def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    for args, match in (
+        (["--steps", "0"], "--steps must be a positive integer"),
+        (["--variants", "rope", "nonsense"], "unknown variant"),
+        (["--train-len", "64", "--eval-lens", "32"], "--eval-lens must be >= --train-len"),
+        (["--corpus", str(tmp_path / "missing.txt")], "does not exist"),
+    ):
+        assert cli.main(["lab", "--quick", "--out", str(out), *args]) == 2
+        err = capsys.readouterr().err
+        assert match in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_interrupted_job_resumes_to_the_same_numbers(tmp_path, monkeypatch):
+    whole = lab.run_job(TINY, "rope", 0, str(tmp_path / "a"), quiet=True)
+    # Crash at step 15: the step-10 checkpoint survives, no result is written.
+    calls = {"n": 0}
+    real_step = torch.optim.AdamW.step
+
+    def crashing(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 15:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        lab.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    ckpt, result = lab._paths(str(tmp_path / "b"), "rope", 0)
+    assert os.path.exists(ckpt) and not os.path.exists(result)
+    assert torch.load(ckpt, weights_only=True)["step"] == 10
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    resumed = lab.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    assert resumed["variants"] == whole["variants"]
+    # A crash after training, before the result: the final checkpoint is reused, no step rerun.
+    os.unlink(result)
+    again = lab.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    assert again["variants"] == whole["variants"]
+    # A finished job is not run again.
+    mtime = os.path.getmtime(result)
+    assert lab.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True) == again
+    assert os.path.getmtime(result) == mtime
+
+
+def test_mismatched_or_corrupt_checkpoints_are_refused(tmp_path):
+    out = str(tmp_path)
+    lab.run_job(TINY, "sinusoidal", 0, out, quiet=True)
+    ckpt, result = lab._paths(out, "sinusoidal", 0)
+    os.unlink(result)
+    with pytest.raises(ValueError, match="was made with other settings"):
+        lab.run_job(dataclasses.replace(TINY, lr=1e-3), "sinusoidal", 0, out, quiet=True)
+    with open(ckpt, "wb") as f:
+        f.write(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot be read"):
+        lab.run_job(TINY, "sinusoidal", 0, out, quiet=True)
+
+
+def test_sweep_writes_reports_and_workers_agree(tmp_path):
+    one = lab.run(TINY, str(tmp_path / "one"), quiet=True)
+    two = lab.run(dataclasses.replace(TINY, workers=2), str(tmp_path / "two"), quiet=True)
+    # One 2-thread process and two 1-thread workers sum in different orders: equal to rounding.
+    for variant, per_len in one["results"].items():
+        for n, entry in per_len.items():
+            other = two["results"][variant][n]
+            assert entry["all"]["mean"] == pytest.approx(other["all"]["mean"], rel=1e-4)
+    data = json.loads((tmp_path / "one" / "results.json").read_text())
+    assert set(data["results"]) == {"sinusoidal", "rope", "rope+ntk"}
+    assert data["results"]["rope"]["32"]["past"]["mean"] > 0
+    assert "| rope+ntk |" in (tmp_path / "one" / "results.md").read_text()
+
+
+def test_quick_protocol_sinusoidal_collapses_past_training_length_alibi_does_not(tmp_path):
+    summary = lab.run(lab.quick_config(), str(tmp_path), quiet=True)
+    longest = str(max(lab.quick_config().eval_lens))
+    past = {v: summary["results"][v][longest]["past"]["mean"] for v in ("sinusoidal", "alibi")}
+    assert past["sinusoidal"] > past["alibi"], past
