@@ -60,6 +60,7 @@ def test_corpus_errors(tmp_path):
         ({"variants": ("rope", "wavelet")}, "unknown variant.* wavelet; known: learned"),
         ({"steps": 0}, "--steps must be a positive integer, got 0"),
         ({"width": 30}, "width 30 must split into 2 heads of even size"),
+        ({"finetune_steps": 5, "finetune_len": 16}, "--finetune-len must exceed --train-len 16"),
     ],
 )
 def test_config_errors(change, match):
@@ -144,3 +145,56 @@ def test_quick_protocol_sinusoidal_collapses_past_training_length_alibi_does_not
     longest = str(max(lab.quick_config().eval_lens))
     past = {v: summary["results"][v][longest]["past"]["mean"] for v in ("sinusoidal", "alibi")}
     assert past["sinusoidal"] > past["alibi"], past
+
+
+def test_finetune_adds_a_position_interpolation_variant(tmp_path):
+    cfg = dataclasses.replace(TINY, variants=("rope+pi",), finetune_len=32, finetune_steps=5)
+    summary = lab.run(cfg, str(tmp_path), quiet=True)
+    assert set(summary["results"]) == {"rope+pi", "rope+pi+ft"}
+    assert summary["results"]["rope+pi+ft"]["32"]["past"]["mean"] > 0
+
+
+def _rank_main(rank, world, port, out, queue):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    torch.set_num_threads(1)
+    summary = lab.run(dataclasses.replace(TINY, workers=1), out, quiet=True)
+    queue.put((rank, None if summary is None else summary["results"]))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_agree_with_one_process(tmp_path):
+    import socket
+
+    import torch.multiprocessing as tmp_mp
+
+    with socket.socket() as sock:  # a free loopback port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = tmp_mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, 2, port, str(tmp_path / "dist"), queue))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert got[1] is None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ranks ran 1 thread each: sum in the same order
+    try:
+        single = lab.run(dataclasses.replace(TINY, workers=1), str(tmp_path / "one"), quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    for variant, per_len in single["results"].items():
+        for n, entry in per_len.items():
+            assert entry["all"]["mean"] == pytest.approx(
+                got[0][variant][n]["all"]["mean"], rel=1e-5
+            )

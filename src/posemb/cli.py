@@ -220,6 +220,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "seeds": tuple(args.seeds) if args.seeds else None,
             "corpus": args.corpus,
             "workers": args.workers,
+            "finetune_len": args.finetune_len,
+            "finetune_steps": args.finetune_steps,
         }.items()
         if v is not None
     }
@@ -230,6 +232,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         )
     out = args.out or ("lab-quick" if args.quick else "lab-results")
     summary = lab.run(cfg, out, quiet=args.json)
+    if summary is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -341,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0)")
     lab.add_argument("--corpus", help="a UTF-8 text file (default: the embedded KJV Bible)")
     lab.add_argument("--workers", type=int, help="worker processes (default 2)")
+    lab.add_argument(
+        "--finetune-len", type=int, help="fine-tune RoPE with position interpolation at this length"
+    )
+    lab.add_argument("--finetune-steps", type=int, help="steps of that fine-tune (adds rope+pi+ft)")
     lab.add_argument("--out", help="output folder (default lab-results, or lab-quick)")
     lab.add_argument("--quick", action="store_true", help="a small protocol (< 1 minute)")
     lab.add_argument("--json", action="store_true", help="print results as JSON, no progress")

@@ -28,6 +28,7 @@ import torch
 
 import posemb
 
+from .. import scaling as sc
 from . import corpus as _corpus
 from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, scaling_for
 
@@ -52,6 +53,8 @@ class LabConfig:
     lr: float = 2e-3
     eval_windows: int = 16
     checkpoint_every: int = 100
+    finetune_len: int | None = None
+    finetune_steps: int = 0
     workers: int = field(default=2, compare=False)
 
     def validate(self) -> None:
@@ -78,6 +81,13 @@ class LabConfig:
             )
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.finetune_steps < 0:
+            raise ValueError(f"--finetune-steps must be >= 0, got {self.finetune_steps}")
+        if self.finetune_steps and (self.finetune_len or 0) <= self.train_len:
+            raise ValueError(
+                f"--finetune-len must exceed --train-len {self.train_len} (fine-tuning extends "
+                f"the context), got {self.finetune_len}"
+            )
 
     def digest(self, encoding: str, seed: int) -> str:
         """A hash of what a job's numbers depend on."""
@@ -275,6 +285,8 @@ def run_job(
                     per_len[n] = _evaluate(model, windows[n])
                 evals[variant] = per_len
         model.set_scaling(None)
+        if cfg.finetune_steps:
+            evals["rope+pi+ft"] = _finetune_pi(model, cfg, data, gen, windows)
     result = {
         "digest": digest,
         "encoding": encoding,
@@ -295,6 +307,40 @@ def run_job(
     }
     _atomic_write(result_path, json.dumps(result).encode())
     return result
+
+
+def _finetune_pi(
+    model: TinyLM,
+    cfg: LabConfig,
+    data: _corpus.Corpus,
+    gen: torch.Generator,
+    windows: dict[int, torch.Tensor],
+) -> dict[int, torch.Tensor]:
+    """Position interpolation with a short fine-tune at the longer length (Chen et al. 2023,
+    section 3): positions scaled by s = finetune_len / train_len, ``finetune_steps`` steps on
+    windows of finetune_len at the same tokens per step, then evaluated with that s (and with
+    n / train_len for lengths past finetune_len)."""
+    import copy
+
+    ft = copy.deepcopy(model)
+    length = int(cfg.finetune_len)  # type: ignore[arg-type]
+    s_ft = length / cfg.train_len
+    ft.set_scaling(sc.Linear(s_ft))
+    batch = max(1, cfg.batch * cfg.train_len // length)
+    opt = torch.optim.AdamW(ft.parameters(), lr=cfg.lr * 0.5, weight_decay=0.01)
+    ft.train()
+    for _ in range(cfg.finetune_steps):
+        w = _windows(data.train, length, batch, gen)
+        loss = torch.nn.functional.cross_entropy(ft(w[:, :-1]).transpose(1, 2), w[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ft.parameters(), 1.0)
+        opt.step()
+    out = {}
+    for n in cfg.eval_lens:
+        ft.set_scaling(sc.Linear(max(s_ft, n / cfg.train_len)))
+        out[n] = _evaluate(ft, windows[n])
+    return out
 
 
 def _progress(
@@ -332,18 +378,39 @@ def _worker(args: tuple) -> dict[str, object]:
 def jobs_for(cfg: LabConfig) -> list[tuple[str, int]]:
     """(trained encoding, seed) pairs: scalings need the rope model."""
     encodings = [v for v in cfg.variants if v in TRAINED]
-    if any(v in SCALINGS for v in cfg.variants) and "rope" not in encodings:
+    needs_rope = any(v in SCALINGS for v in cfg.variants) or cfg.finetune_steps
+    if needs_rope and "rope" not in encodings:
         encodings.append("rope")
     return [(e, s) for e in encodings for s in cfg.seeds]
 
 
-def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, object]:
-    """Run (or resume) the sweep into ``out``; write results.json, results.md and plots."""
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) under torchrun, joining the gloo group; (0, 1) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), world
+
+
+def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, object] | None:
+    """Run (or resume) the sweep into ``out``; write results.json, results.md and plots.
+
+    Under ``torchrun`` (gloo, CPU) the jobs are dealt round-robin to the ranks, each rank runs
+    its share with its own workers, and rank 0 writes the report once all have finished; ``out``
+    must be a folder every rank can read (the same machine, or a shared filesystem). Only rank
+    0 returns the summary. Each model trains on one rank: the sweep is what is distributed.
+    """
     cfg.validate()
     _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
     started = time.time()
-    jobs = jobs_for(cfg)
-    workers = min(cfg.workers, len(jobs))
+    rank, world = _distributed()
+    all_jobs = jobs_for(cfg)
+    jobs = all_jobs[rank::world]
+    workers = max(1, min(cfg.workers, len(jobs)))
     threads = max(1, torch.get_num_threads() // workers)
     args = [(cfg, e, s, out, i % workers, quiet, threads) for i, (e, s) in enumerate(jobs)]
     if workers == 1:
@@ -351,11 +418,24 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, object]:
     else:
         with mp.get_context("spawn").Pool(workers) as pool:
             results = pool.map(_worker, args, chunksize=1)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        if rank != 0:
+            dist.barrier()  # wait for rank 0's report, then leave together
+            return None
+        # Rank 0 reads every job's result from disk: finished jobs are not run again.
+        results = [run_job(cfg, e, s, out, quiet=True) for e, s in all_jobs]
     summary = _summarise(cfg, results, time.time() - started, workers, threads)
     _atomic_write(os.path.join(out, "results.json"), json.dumps(summary, indent=2).encode())
     _atomic_write(os.path.join(out, "results.md"), markdown(summary).encode())
     plots = _plots(summary, out)
     summary["plots"] = plots
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     return summary
 
 
@@ -364,7 +444,8 @@ def _summarise(
 ) -> dict[str, object]:
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)
     table: dict[str, dict[str, dict[str, object]]] = {}
-    for variant in cfg.variants:
+    extra = ("rope+pi+ft",) if cfg.finetune_steps else ()
+    for variant in (*cfg.variants, *extra):
         per_len: dict[str, dict[str, object]] = {}
         for n in cfg.eval_lens:
             key = str(n)
