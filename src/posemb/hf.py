@@ -38,7 +38,6 @@ import json
 import os
 import pathlib
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ from torch import nn
 
 from . import _checks
 from . import scaling as sc
+from ._io import atomic_write
 from .rope import Layout, RotaryEmbedding, permute_layout
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
@@ -540,15 +540,7 @@ def convert_checkpoint(
     out, converted = convert_qk_layout(
         tensors, to, num_heads, num_kv_heads, rotary_dim, q_pattern, k_pattern
     )
-    dst_p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst_p.parent, prefix=f".{dst_p.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(out, tmp, metadata=metadata)
-        os.replace(tmp, dst_p)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(dst_p, lambda tmp: save_file(out, tmp, metadata=metadata))
     return converted
 
 

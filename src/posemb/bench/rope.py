@@ -17,10 +17,8 @@ import csv
 import datetime as _dt
 import io
 import logging
-import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -30,6 +28,7 @@ import torch
 import posemb
 
 from .. import kernels
+from .._io import atomic_write_bytes
 
 logger = logging.getLogger("posemb.bench")
 
@@ -332,24 +331,13 @@ def _ratios(rows: list[Row]) -> None:
 
 def write_csv(rows: list[Row], path: str) -> None:
     """Write rows as a long-format CSV, atomically (temporary file, then rename)."""
-    target = os.path.abspath(path)
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
     buf = io.StringIO()
     fields = list(asdict(rows[0]).keys()) if rows else list(Row.__dataclass_fields__)
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     for r in rows:
         writer.writerow(asdict(r))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench.", suffix=".csv.tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
 
 
 def summary(rows: list[Row], one_off: dict[str, float]) -> str:

@@ -19,7 +19,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ import torch
 import posemb
 
 from .. import scaling as sc
+from .._io import atomic_write, atomic_write_bytes
 from . import corpus as _corpus
 from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, scaling_for
 
@@ -119,31 +119,11 @@ def quick_config(**overrides: object) -> LabConfig:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp.", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, data)
 
 
 def _atomic_save(obj: object, path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp.", suffix=os.path.basename(path))
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _paths(out: str, encoding: str, seed: int) -> tuple[str, str]:
@@ -557,12 +537,7 @@ def _plots(summary: dict, out: str) -> list[str]:
     ax.set_ylabel(f"loss past position {train} (nats/char)")
     ax.set_title("Loss beyond the training length")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = os.path.join(out, "loss_vs_length.png")
-    fig.savefig(path + ".tmp.png", dpi=120)
-    os.replace(path + ".tmp.png", path)
-    written.append(path)
-    plt.close(fig)
+    written.append(_save_figure(fig, os.path.join(out, "loss_vs_length.png")))
 
     longest = str(max(lens))
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -579,10 +554,14 @@ def _plots(summary: dict, out: str) -> list[str]:
     ax.set_ylabel("loss (nats/char)")
     ax.set_title("Loss by position")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = os.path.join(out, "loss_vs_position.png")
-    fig.savefig(path + ".tmp.png", dpi=120)
-    os.replace(path + ".tmp.png", path)
-    written.append(path)
-    plt.close(fig)
+    written.append(_save_figure(fig, os.path.join(out, "loss_vs_position.png")))
     return written
+
+
+def _save_figure(fig: object, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()  # type: ignore[attr-defined]
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return path

@@ -1,0 +1,42 @@
+"""Atomic file writes: a reader never sees a half-written file, a crash leaves none behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it onto ``path``.
+
+    The rename is atomic on POSIX filesystems because the temporary file is in the same
+    folder; on any failure the temporary file is removed and ``path`` is left as it was.
+
+    Args:
+        path: the file to create or replace (its folder is created if missing).
+        write: writes the complete content to the path it is given.
+    """
+    target = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    name = os.path.basename(target)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`atomic_write` of a bytes payload."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write(path, write)
