@@ -398,3 +398,26 @@ def test_load_config_errors(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="cannot be read as UTF-8"):
         hf.load_config(binary)
+
+
+def test_hf_rotary_embedding_serves_each_layer_type():
+    config = {
+        "head_dim": 16,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 64,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }
+    module = hf.HFRotaryEmbedding(config)
+    x = torch.zeros(1, 5, 8, dtype=torch.bfloat16)
+    pos = torch.arange(5)[None]
+    for layer_type, base, factor in (("full_attention", 1e6, 4.0), ("sliding_attention", 1e4, 1.0)):
+        cos, _ = module(x, pos, layer_type=layer_type)
+        assert cos.shape == (1, 5, 16) and cos.dtype == torch.bfloat16
+        want = posemb.cos_sin(pos, posemb.inv_freq(16, base, dtype=torch.float64) / factor)[0]
+        torch.testing.assert_close(cos[..., :8].float(), want, atol=2**-8, rtol=0)
+        assert torch.equal(cos[..., :8], cos[..., 8:])  # full-width HALF form
+    with pytest.raises(ValueError, match="layer_type None has no RoPE here"):
+        module(x, pos)
