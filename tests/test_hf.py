@@ -169,20 +169,24 @@ def test_phi3_style_longrope_config():
     )
 
 
+# Gemma 3 style: one rope dict per layer type.
+PER_LAYER = {
+    "head_dim": 16,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 64,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    },
+}
+
+
 def test_per_layer_type_config():
-    config = {
-        "head_dim": 64,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 1024,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-        },
-    }
+    config = PER_LAYER
     full, _ = hf.schedule_from_config(config, layer_type="full_attention")
     local, _ = hf.schedule_from_config(config, layer_type="sliding_attention")
-    torch.testing.assert_close(full, posemb.inv_freq(64, 1e6, dtype=torch.float64) / 8)
-    torch.testing.assert_close(local, posemb.inv_freq(64, 1e4, dtype=torch.float64))
+    torch.testing.assert_close(full, posemb.inv_freq(16, 1e6, dtype=torch.float64) / 8)
+    torch.testing.assert_close(local, posemb.inv_freq(16, 1e4, dtype=torch.float64))
     with pytest.raises(ValueError, match="per layer type"):
         hf.rope_spec(config)
 
@@ -401,19 +405,10 @@ def test_load_config_errors(tmp_path):
 
 
 def test_hf_rotary_embedding_serves_each_layer_type():
-    config = {
-        "head_dim": 16,
-        "num_attention_heads": 2,
-        "max_position_embeddings": 64,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-        },
-    }
-    module = hf.HFRotaryEmbedding(config)
+    module = hf.HFRotaryEmbedding(PER_LAYER)
     x = torch.zeros(1, 5, 8, dtype=torch.bfloat16)
     pos = torch.arange(5)[None]
-    for layer_type, base, factor in (("full_attention", 1e6, 4.0), ("sliding_attention", 1e4, 1.0)):
+    for layer_type, base, factor in (("full_attention", 1e6, 8.0), ("sliding_attention", 1e4, 1.0)):
         cos, _ = module(x, pos, layer_type=layer_type)
         assert cos.shape == (1, 5, 16) and cos.dtype == torch.bfloat16
         want = posemb.cos_sin(pos, posemb.inv_freq(16, base, dtype=torch.float64) / factor)[0]
