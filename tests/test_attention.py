@@ -31,14 +31,14 @@ def test_matches_torch_sdpa(causal):
         else bias + torch.full((7, 7), float("-inf"), dtype=F64).triu(1),
     )
     torch.testing.assert_close(
-        posemb.attention(q, k, v, causal=causal, bias=bias), want, **TOL[F64]
+        posemb.dot_product_attention(q, k, v, causal=causal, bias=bias), want, **TOL[F64]
     )
 
 
 def test_decode_step_sees_the_whole_cache():
     q, k, v = _qkv(sq=9, sk=9)
-    full = posemb.attention(q, k, v, causal=True)
-    step = posemb.attention(q[:, :, -1:], k, v, causal=True)
+    full = posemb.dot_product_attention(q, k, v, causal=True)
+    step = posemb.dot_product_attention(q[:, :, -1:], k, v, causal=True)
     torch.testing.assert_close(step, full[:, :, -1:], **TOL[F64])
 
 
@@ -46,8 +46,8 @@ def test_decode_step_sees_the_whole_cache():
 def test_permutation_equivariance(perm):
     q, k, v = _qkv(sq=6, sk=6, hk=4, seed=1)
     p = torch.tensor(perm)
-    out = posemb.attention(q[:, :, p], k[:, :, p], v[:, :, p])
-    torch.testing.assert_close(out, posemb.attention(q, k, v)[:, :, p], **TOL[F64])
+    out = posemb.dot_product_attention(q[:, :, p], k[:, :, p], v[:, :, p])
+    torch.testing.assert_close(out, posemb.dot_product_attention(q, k, v)[:, :, p], **TOL[F64])
     mat = posemb.permutation_matrix(p)
     torch.testing.assert_close(mat @ q[0, 0], q[0, 0, p], rtol=0, atol=0)
 
@@ -65,25 +65,31 @@ def test_probabilities_rows_sum_to_one_and_respect_mask():
     "call,match",
     [
         (
-            lambda: posemb.attention(*_qkv(h=3, hk=2)),
+            lambda: posemb.dot_product_attention(*_qkv(h=3, hk=2)),
             r"q heads \(3\) must be a multiple of k heads \(2\)",
         ),
         (
-            lambda: posemb.attention(*_qkv(sq=9, sk=4), causal=True),
+            lambda: posemb.dot_product_attention(*_qkv(sq=9, sk=4), causal=True),
             "causal attention needs q_len <= k_len",
         ),
         (
-            lambda: posemb.attention(_qkv()[0][0], *_qkv()[1:]),
+            lambda: posemb.dot_product_attention(_qkv()[0][0], *_qkv()[1:]),
             r"q and k must have shape \(batch, heads, seq, head_dim\)",
         ),
         (
-            lambda: posemb.attention(_qkv()[0][..., :4], *_qkv()[1:]),
+            lambda: posemb.dot_product_attention(_qkv()[0][..., :4], *_qkv()[1:]),
             "q and k must share batch and head_dim",
         ),
-        (lambda: posemb.attention(*_qkv()[:2], _qkv()[2][:, :, :3]), "v must have shape"),
-        (lambda: posemb.attention(*_qkv(), bias=torch.zeros(3, 3, dtype=F64)), "bias of shape"),
         (
-            lambda: posemb.attention(*_qkv(), bias=torch.zeros(7, 7, dtype=torch.long)),
+            lambda: posemb.dot_product_attention(*_qkv()[:2], _qkv()[2][:, :, :3]),
+            "v must have shape",
+        ),
+        (
+            lambda: posemb.dot_product_attention(*_qkv(), bias=torch.zeros(3, 3, dtype=F64)),
+            "bias of shape",
+        ),
+        (
+            lambda: posemb.dot_product_attention(*_qkv(), bias=torch.zeros(7, 7, dtype=torch.long)),
             "bias must have a floating dtype",
         ),
         (lambda: posemb.permutation_matrix([0, 0, 1]), "perm must be a permutation of 0..2"),
@@ -112,7 +118,7 @@ def naive(pa, q, k, v, qp, kp, pad=None):
         bias = bias.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
     if pad is not None:
         bias = bias.masked_fill(pad[:, None, None, :], float("-inf"))
-    return posemb.attention(q, k, v, bias=bias)
+    return posemb.dot_product_attention(q, k, v, bias=bias)
 
 
 @pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
@@ -149,7 +155,7 @@ def test_nope_is_blind_and_alibi_encoding_objects():
     out = nope(q.float(), k.float(), v[..., :4].float())
     permuted = nope(q[:, :, perm].float(), k[:, :, perm].float(), v[:, :, perm, :4].float())
     torch.testing.assert_close(permuted, out[:, :, perm])
-    alibi = posemb.PositionalAttention(posemb.ALiBi(2), num_heads=2, head_dim=4)
+    alibi = posemb.PositionalAttention(posemb.AlibiBias(2), num_heads=2, head_dim=4)
     assert alibi.kind == "bias"
 
 
@@ -169,7 +175,7 @@ def test_nope_is_blind_and_alibi_encoding_objects():
             "encoding must be a name",
         ),
         (
-            lambda: posemb.PositionalAttention(posemb.ALiBi(3), num_heads=2, head_dim=4),
+            lambda: posemb.PositionalAttention(posemb.AlibiBias(3), num_heads=2, head_dim=4),
             "the bias encoding has 3 heads",
         ),
         (

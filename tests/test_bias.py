@@ -59,7 +59,7 @@ def test_t5_buckets_and_bias_match_transformers(bidirectional, num_buckets, max_
         is_decoder=not bidirectional,
     )
     theirs = T5Attention(config, has_relative_attention_bias=True)
-    ours = posemb.T5RelativeBias(4, num_buckets, max_distance, bidirectional=bidirectional)
+    ours = posemb.T5Bias(4, num_buckets, max_distance, bidirectional=bidirectional)
     with torch.no_grad():
         ours.weight.copy_(theirs.relative_attention_bias.weight)
         for q_len, k_len in ((1, 1), (37, 37), (5, 700)):
@@ -134,7 +134,7 @@ def test_relative_positions_sign():
     "call,match",
     [
         (lambda: posemb.alibi_slopes(0), "num_heads must be a positive integer, got 0"),
-        (lambda: posemb.ALiBi(-2), "num_heads must be a positive integer"),
+        (lambda: posemb.AlibiBias(-2), "num_heads must be a positive integer"),
         (
             lambda: posemb.t5_relative_bucket(torch.tensor([1]), num_buckets=1),
             "num_buckets must be >= 4",
@@ -151,7 +151,7 @@ def test_relative_positions_sign():
             lambda: posemb.t5_relative_bucket(torch.tensor([1.5])),
             "relative_position must have an integer dtype",
         ),
-        (lambda: posemb.T5RelativeBias(4, num_buckets=3), "num_buckets must be >= 4"),
+        (lambda: posemb.T5Bias(4, num_buckets=3), "num_buckets must be >= 4"),
         (lambda: posemb.FireBias(4, init_c=0), "init_c must be a finite number > 0"),
         (lambda: posemb.randomized_positions(10, 5), "max_len must be >= seq_len = 10"),
         (lambda: posemb.XPos(16, gamma=0), "gamma must be a finite number > 0"),

@@ -42,7 +42,7 @@ def attention_of(t, layer, layout, x, rotary_dim=None):
     p = f"layers.{layer}.attention."
     rope = posemb.RotaryEmbedding(HEAD_DIM, rotary_dim=rotary_dim, layout=layout)
     q, k = rope(heads(t[p + "wq.weight"], HEADS), heads(t[p + "wk.weight"], KV_HEADS))
-    return posemb.attention(q, k, heads(t[p + "wv.weight"], KV_HEADS), causal=True)
+    return posemb.dot_product_attention(q, k, heads(t[p + "wv.weight"], KV_HEADS), causal=True)
 
 
 def load(path):

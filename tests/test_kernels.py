@@ -56,9 +56,9 @@ def test_forward_and_backward_match_reference(backend, dtype, layout, case, batc
     else:
         pos = torch.arange(1000, 1000 + s, device=device)
     cos, sin = tables(pos, rotary, device)
-    want_q = reference.rope(q, cos, sin, layout)
-    want_k = reference.rope(k, cos, sin, layout)
-    got_q, got_k = kernels.rope(q, k, cos, sin, layout=layout, backend=backend)
+    want_q = reference.rotate(q, cos, sin, layout)
+    want_k = reference.rotate(k, cos, sin, layout)
+    got_q, got_k = kernels.rotate(q, k, cos, sin, layout=layout, backend=backend)
     assert got_q.dtype == dtype and got_q.shape == q.shape
     assert_close(got_q, want_q, dtype)
     assert_close(got_k, want_k, dtype)
@@ -66,12 +66,12 @@ def test_forward_and_backward_match_reference(backend, dtype, layout, case, batc
     # Backward: the fused autograd function against autograd through the reference.
     qf, kf = q.clone().requires_grad_(), k.clone().requires_grad_()
     gq, gk = make(shape, kv, dtype, device, seed=2)
-    out_q, out_k = kernels.rope(qf, kf, cos, sin, layout=layout, backend=backend)
+    out_q, out_k = kernels.rotate(qf, kf, cos, sin, layout=layout, backend=backend)
     assert out_q.grad_fn is not None and "RotaryFunction" in type(out_q.grad_fn).__name__
     torch.autograd.backward((out_q, out_k), (gq, gk))
     qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
     torch.autograd.backward(
-        (reference.rope(qr, cos, sin, layout), reference.rope(kr, cos, sin, layout)), (gq, gk)
+        (reference.rotate(qr, cos, sin, layout), reference.rotate(kr, cos, sin, layout)), (gq, gk)
     )
     assert_close(qf.grad, qr.grad, dtype)
     assert_close(kf.grad, kr.grad, dtype)
@@ -82,14 +82,14 @@ def test_inplace_rotates_in_own_memory(backend):
     device = backend_device(backend)
     q, k = make((2, 4, 19, 32), 2, torch.float32, device)
     cos, sin = tables(torch.arange(19, device=device), 24, device)
-    want_q, want_k = kernels.rope(q, k, cos, sin, backend="reference")
+    want_q, want_k = kernels.rotate(q, k, cos, sin, backend="reference")
     ptr_q, ptr_k = q.data_ptr(), k.data_ptr()
-    got_q, got_k = kernels.rope(q, k, cos, sin, backend=backend, inplace=True)
+    got_q, got_k = kernels.rotate(q, k, cos, sin, backend=backend, inplace=True)
     assert got_q.data_ptr() == ptr_q and got_k.data_ptr() == ptr_k
     assert_close(q, want_q, torch.float32)
     assert_close(k, want_k, torch.float32)
     with pytest.raises(ValueError, match="inplace=True rotates q and k in their own memory"):
-        kernels.rope(q.requires_grad_(), k, cos, sin, backend=backend, inplace=True)
+        kernels.rotate(q.requires_grad_(), k, cos, sin, backend=backend, inplace=True)
 
 
 @pytest.mark.parametrize("backend", FUSED)
@@ -98,8 +98,8 @@ def test_strided_input_from_bshd_layout(backend):
     x = torch.randn(2, 9, 4, 32, device=device)  # (batch, seq, heads, dim) as projections give
     q = x.transpose(1, 2)  # a view with unit stride in dim only
     cos, sin = tables(torch.arange(9, device=device), 32, device)
-    got, _ = kernels.rope(q, q[:, :1], cos, sin, backend=backend)
-    assert_close(got, reference.rope(q.contiguous(), cos, sin, Layout.HALF), torch.float32)
+    got, _ = kernels.rotate(q, q[:, :1], cos, sin, backend=backend)
+    assert_close(got, reference.rotate(q.contiguous(), cos, sin, Layout.HALF), torch.float32)
 
 
 @pytest.mark.parametrize("backend", ["reference", *FUSED])
@@ -111,28 +111,28 @@ def test_cached_tables_with_positions_offsets_and_packed_sequences(backend, layo
     q, k = make((3, 4, 7, 32), 2, torch.bfloat16, device)
     # Per-sequence offsets (three KV caches at different lengths).
     offsets = torch.tensor([0, 100, 590], device=device)
-    got_q, got_k = kernels.rope_cached(
+    got_q, got_k = kernels.rotate_cached(
         q, k, cos, sin, offsets=offsets, layout=layout, backend=backend
     )
     rows = torch.arange(7, device=device)[None] + offsets[:, None]
-    assert_close(got_q, reference.rope(q, cos[rows], sin[rows], layout), torch.bfloat16)
-    assert_close(got_k, reference.rope(k, cos[rows], sin[rows], layout), torch.bfloat16)
+    assert_close(got_q, reference.rotate(q, cos[rows], sin[rows], layout), torch.bfloat16)
+    assert_close(got_k, reference.rotate(k, cos[rows], sin[rows], layout), torch.bfloat16)
     # Explicit positions.
     pos = torch.tensor([5, 3, 599, 0, 17, 17, 2], device=device)
-    got_q, _ = kernels.rope_cached(q, k, cos, sin, positions=pos, layout=layout, backend=backend)
-    assert_close(got_q, reference.rope(q, cos[pos], sin[pos], layout), torch.bfloat16)
+    got_q, _ = kernels.rotate_cached(q, k, cos, sin, positions=pos, layout=layout, backend=backend)
+    assert_close(got_q, reference.rotate(q, cos[pos], sin[pos], layout), torch.bfloat16)
     # Packed sequences of lengths 5, 0, 11 with offsets: (total, heads, dim).
     cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32, device=device)
     pq, pk = make((1, 4, 16, 32), 1, torch.float16, device, seed=3)
     pq, pk = pq[0].transpose(0, 1).contiguous(), pk[0].transpose(0, 1).contiguous()
     off = torch.tensor([10, 20, 30], device=device)
-    got_q, got_k = kernels.rope_cached(
+    got_q, got_k = kernels.rotate_cached(
         pq, pk, cos, sin, cu_seqlens=cu, offsets=off, layout=layout, backend=backend
     )
     rows = torch.cat((torch.arange(5) + 10, torch.arange(11) + 30)).to(device)
 
     def packed_ref(x):
-        return reference.rope(x.transpose(0, 1)[None], cos[rows][None], sin[rows][None], layout)[
+        return reference.rotate(x.transpose(0, 1)[None], cos[rows][None], sin[rows][None], layout)[
             0
         ].transpose(0, 1)
 
@@ -164,7 +164,7 @@ def test_gradcheck_reference_and_fused_in_float64_semantics():
     x = torch.randn(1, 2, 5, 8, dtype=F64, requires_grad=True)
     cos, sin = tables(torch.arange(5), 8, "cpu")
     cos, sin = cos.double(), sin.double()
-    assert torch.autograd.gradcheck(lambda t: reference.rope(t, cos, sin, "half"), (x,))
+    assert torch.autograd.gradcheck(lambda t: reference.rotate(t, cos, sin, "half"), (x,))
     launcher = kernels._reference_launcher(cos, sin, Layout.HALF, lambda t: t, lambda t: t)
     assert torch.autograd.gradcheck(
         lambda t: kernels.RotaryFunction.apply(t, t[:, :1], launcher)[0], (x,)
@@ -179,44 +179,44 @@ c5, s5 = tables(torch.arange(5), 8, "cpu")
     "call,exc,match",
     [
         (
-            lambda: kernels.rope(q4, q4, c5, s5, backend="gpu"),
+            lambda: kernels.rotate(q4, q4, c5, s5, backend="gpu"),
             ValueError,
             "backend must be one of auto, reference, cpu, triton",
         ),
         (
-            lambda: kernels.rope(q4.double(), q4.double(), c5, s5, backend="cpu"),
+            lambda: kernels.rotate(q4.double(), q4.double(), c5, s5, backend="cpu"),
             ValueError,
             "backend='cpu' supports float32",
         ),
         (
-            lambda: kernels.rope(q4[..., ::2], q4[..., ::2], c5[:, :2], s5[:, :2]),
+            lambda: kernels.rotate(q4[..., ::2], q4[..., ::2], c5[:, :2], s5[:, :2]),
             ValueError,
             "unit stride in its last dimension",
         ),
-        (lambda: kernels.rope(q4, q4[:, :, :4], c5, s5), ValueError, "q and k must agree"),
-        (lambda: kernels.rope(q4, q4, c5[:4], s5[:4]), ValueError, "does not match q"),
+        (lambda: kernels.rotate(q4, q4[:, :, :4], c5, s5), ValueError, "q and k must agree"),
+        (lambda: kernels.rotate(q4, q4, c5[:4], s5[:4]), ValueError, "does not match q"),
         (
-            lambda: kernels.rope(q4, q4, c5.to("meta"), s5.to("meta")),
+            lambda: kernels.rotate(q4, q4, c5.to("meta"), s5.to("meta")),
             ValueError,
-            "cos/sin are on meta",
+            "cos is on meta",
         ),
         (
-            lambda: kernels.rope(q4[0], q4[0], c5, s5),
+            lambda: kernels.rotate(q4[0], q4[0], c5, s5),
             ValueError,
             r"q must have shape \(batch, heads, seq, head_dim\)",
         ),
         (
-            lambda: kernels.rope_cached(q4, q4, c5, s5, offsets=1),
+            lambda: kernels.rotate_cached(q4, q4, c5, s5, offsets=1),
             ValueError,
-            "position 5 is outside the cached cos/sin table of 5 rows",
+            r"position 5 is outside \[0, 5\) of the cached cos/sin table of 5 rows",
         ),
         (
-            lambda: kernels.rope_cached(q4, q4, c5, s5, positions=torch.tensor([0, 1, 2, 3, -1])),
+            lambda: kernels.rotate_cached(q4, q4, c5, s5, positions=torch.tensor([0, 1, 2, 3, -1])),
             ValueError,
             "position -1 is outside",
         ),
         (
-            lambda: kernels.rope_cached(
+            lambda: kernels.rotate_cached(
                 q4[0].transpose(0, 1),
                 q4[0].transpose(0, 1),
                 c5,
@@ -227,7 +227,7 @@ c5, s5 = tables(torch.arange(5), 8, "cpu")
             "cu_seqlens must be non-decreasing",
         ),
         (
-            lambda: kernels.rope_cached(
+            lambda: kernels.rotate_cached(
                 q4[0].transpose(0, 1),
                 q4[0].transpose(0, 1),
                 c5,
@@ -238,7 +238,7 @@ c5, s5 = tables(torch.arange(5), 8, "cpu")
             "cu_seqlens must start at 0 and end at the total length 5",
         ),
         (
-            lambda: kernels.rope_cached(q4, q4, c5, s5, offsets=torch.tensor([0, 1, 2])),
+            lambda: kernels.rotate_cached(q4, q4, c5, s5, offsets=torch.tensor([0, 1, 2])),
             ValueError,
             r"offsets must have shape \(2,\)",
         ),
@@ -255,4 +255,4 @@ def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch)
         pytest.skip("a GPU is present")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
-        kernels.rope(q4, q4, c5, s5, backend="triton")
+        kernels.rotate(q4, q4, c5, s5, backend="triton")

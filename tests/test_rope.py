@@ -216,7 +216,7 @@ def test_permute_layout_gives_identical_attention(rotary_dim):
 
         rope = posemb.RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout)
         q, k = rope(heads_of(x @ wq_.T + bq_, heads), heads_of(x @ wk_.T, kv_heads))
-        return posemb.attention(q, k, heads_of(x @ wv.T, kv_heads), causal=True)
+        return posemb.dot_product_attention(q, k, heads_of(x @ wv.T, kv_heads), causal=True)
 
     meta = run(wq, bq, wk, Layout.INTERLEAVED)
     conv = [
@@ -298,9 +298,9 @@ c5, s5 = _tables(torch.arange(5), 8, dtype=torch.float32)
         (lambda: posemb.apply_rope(x4, c5, s5[:, :2]), "cos and sin must have the same shape"),
         (
             lambda: posemb.apply_rope(x4, c5[None, None], s5[None, None]),
-            r"cos must have shape \(seq, r/2\)",
+            r"cos and sin must have the same shape with 2 or 3 dimensions",
         ),
-        (lambda: posemb.apply_rope(x4[..., :6], c5, s5), "r = 8 channels would rotate"),
+        (lambda: posemb.apply_rope(x4[..., :6], c5, s5), "8 channels would rotate"),
         (lambda: posemb.apply_rope(x4, c5.long(), s5), "cos must have a floating dtype"),
         (
             lambda: posemb.permute_layout(torch.zeros(10, 4), 3, "half"),

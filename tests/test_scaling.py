@@ -66,14 +66,15 @@ def test_yarn_lies_between_default_over_s_and_default(d, b, s, orig, fast, slow,
 
 
 def test_yarn_attention_factor_variants():
-    assert sc.Yarn(16.0, 4096).attention_scale() == pytest.approx(0.1 * math.log(16) + 1)
-    assert sc.Yarn(16.0, 4096, attention_factor=0.7).attention_scale() == 0.7
+    assert sc.Yarn(16.0, 4096).effective_attention_factor() == pytest.approx(0.1 * math.log(16) + 1)
+    assert sc.Yarn(16.0, 4096, attention_factor=0.7).effective_attention_factor() == 0.7
     deepseek = sc.Yarn(40.0, 4096, mscale=1.0, mscale_all_dim=0.707)
     want = (0.1 * math.log(40) + 1) / (0.1 * 0.707 * math.log(40) + 1)
-    assert deepseek.attention_scale() == pytest.approx(want)
+    assert deepseek.effective_attention_factor() == pytest.approx(want)
     # As in transformers: mscale without mscale_all_dim does not enter the factor.
     assert (
-        sc.Yarn(40.0, 4096, mscale=2.0).attention_scale() == sc.Yarn(40.0, 4096).attention_scale()
+        sc.Yarn(40.0, 4096, mscale=2.0).effective_attention_factor()
+        == sc.Yarn(40.0, 4096).effective_attention_factor()
     )
 
 
@@ -142,7 +143,7 @@ def test_longrope_switches_at_original_length():
     torch.testing.assert_close(inv_short, want / torch.tensor(short, dtype=F64))
     torch.testing.assert_close(inv_long, want / torch.tensor(long, dtype=F64))
     assert factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
-    assert sc.LongRope(short, long, 4096).attention_scale() == 1.0
+    assert sc.LongRope(short, long, 4096).effective_attention_factor() == 1.0
 
 
 def test_proportional_rotates_a_fraction_over_the_whole_head():
@@ -158,7 +159,7 @@ def test_module_applies_attention_factor_and_schedule():
     q = torch.randn(1, 2, 5, 32, dtype=F64)
     out = rope.rotate(q)
     torch.testing.assert_close(
-        out.norm(dim=-1), q.norm(dim=-1) * yarn.attention_scale(), **TOL[F64]
+        out.norm(dim=-1), q.norm(dim=-1) * yarn.effective_attention_factor(), **TOL[F64]
     )
     inv, factor = yarn.compute(32, 10000.0)
     cos, sin = posemb.cos_sin(torch.arange(5), inv, F64)

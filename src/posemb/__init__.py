@@ -8,16 +8,16 @@ from . import hf, scaling
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import (
     PositionalAttention,
-    attention,
     attention_probs,
+    dot_product_attention,
     make_encoding,
     permutation_matrix,
 )
 from .bias import (
-    ALiBi,
+    AlibiBias,
     FireBias,
     RandomizedPositions,
-    T5RelativeBias,
+    T5Bias,
     alibi_bias,
     alibi_slopes,
     randomized_positions,
@@ -33,12 +33,13 @@ from .rope import (
     permute_layout,
     rope_complex,
     rotation_matrix,
+    xpos_zeta,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALiBi",
+    "AlibiBias",
     "FireBias",
     "Layout",
     "LearnedEmbedding",
@@ -46,16 +47,16 @@ __all__ = [
     "RandomizedPositions",
     "RotaryEmbedding",
     "SinusoidalEmbedding",
-    "T5RelativeBias",
+    "T5Bias",
     "XPos",
     "__version__",
     "alibi_bias",
     "alibi_slopes",
     "angles",
     "apply_rope",
-    "attention",
     "attention_probs",
     "cos_sin",
+    "dot_product_attention",
     "hf",
     "inv_freq",
     "make_encoding",
@@ -69,4 +70,18 @@ __all__ = [
     "sinusoidal_table",
     "t5_relative_bucket",
     "wavelengths",
+    "xpos_zeta",
 ]
+
+# Names the README documented before 0.2, kept working with a DeprecationWarning.
+_RENAMED = {"ALiBi": "AlibiBias", "T5RelativeBias": "T5Bias"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(f"posemb.{name} is renamed posemb.{new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'posemb' has no attribute {name!r}")

@@ -101,3 +101,105 @@ def positions(
         shapes = "(seq,)" if max_dim == 1 else "(seq,) or (batch, seq)"
         raise ValueError(f"{name} must have shape {shapes}, got shape {tuple(t.shape)}")
     return t
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype posemb does arithmetic in for ``x``: float64 for float64, else float32.
+
+    Half-precision inputs are widened so that a product and a sum are rounded once, at the
+    end, rather than after each operation.
+    """
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def positions_for(
+    name: str,
+    value: object,
+    *,
+    batch: int,
+    length: int,
+    device: torch.device,
+    start: int = 0,
+) -> torch.Tensor:
+    """Positions for ``batch`` sequences of ``length`` tokens, on ``device``.
+
+    Args:
+        name: the argument's name, for errors.
+        value: None for ``start .. start + length - 1``, else integers of shape ``(length,)``
+            or ``(1 or batch, length)``.
+        batch, length: what the positions must cover.
+        device: where the result lives.
+        start: first default position (a decode step's queries start past the cache).
+
+    Returns:
+        int tensor ``(length,)`` or ``(1 or batch, length)``.
+    """
+    if value is None:
+        return torch.arange(start, start + length, device=device)
+    pos = positions(value, max_dim=2, name=name)
+    if pos.shape[-1] != length or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
+        raise ValueError(
+            f"{name} must have shape ({length},) or ({batch}, {length}), "
+            f"got shape {tuple(pos.shape)}"
+        )
+    return pos.to(device)
+
+
+def within_table(rows: torch.Tensor, size: int, what: str, remedy: str) -> None:
+    """Raise ``ValueError`` if any of ``rows`` falls outside ``[0, size)`` of a table.
+
+    Args:
+        rows: integer row indices, any shape.
+        size: rows the table has.
+        what: the table, for the message (e.g. "this learned table (max_len=2048)").
+        remedy: what the caller can do instead.
+    """
+    if not rows.numel():
+        return
+    lo, hi = int(rows.min()), int(rows.max())
+    if lo < 0 or hi >= size:
+        bad = hi if hi >= size else lo
+        raise ValueError(f"position {bad} is outside [0, {size}) of {what}; {remedy}")
+
+
+def cos_sin_tables(
+    cos: object, sin: object, x: torch.Tensor, dims: tuple[int, ...] = (2, 3)
+) -> int:
+    """Check cos/sin tables against a tensor ``x`` whose last dimension is head_dim.
+
+    The contract every rotation shares: float tensors of one shape with ``dims`` dimensions,
+    on ``x``'s device, whose last size n (frequencies) satisfies 1 <= n and 2n <= head_dim.
+
+    Returns:
+        n, the number of rotated pairs.
+    """
+    cos = float_tensor("cos", cos)
+    sin = float_tensor("sin", sin)
+    if cos.shape != sin.shape or cos.dim() not in dims:
+        allowed = " or ".join(map(str, dims))
+        raise ValueError(
+            f"cos and sin must have the same shape with {allowed} dimensions, got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    for tname, t in (("cos", cos), ("sin", sin)):
+        if t.device != x.device:
+            raise ValueError(f"{tname} is on {t.device} but the input is on {x.device}; move it")
+    n = cos.shape[-1]
+    if n < 1 or 2 * n > x.shape[-1]:
+        raise ValueError(
+            f"cos has {n} frequencies, so {2 * n} channels would rotate; allowed is 1 to "
+            f"head_dim/2 = {x.shape[-1] // 2}"
+        )
+    return n
+
+
+def per_token_tables(cos: torch.Tensor, x: torch.Tensor, name: str = "x") -> None:
+    """Check that a per-token table ``(seq, n)`` or ``(1 or batch, seq, n)`` fits ``x``
+    ``(batch, heads, seq, head_dim)`` (``name`` is ``x``'s name, for the message)."""
+    batch, seq = x.shape[0], x.shape[2]
+    if cos.shape[-2] != seq or (cos.dim() == 3 and cos.shape[0] not in (1, batch)):
+        raise ValueError(
+            f"cos of shape {tuple(cos.shape)} does not match {name} of shape "
+            f"{tuple(x.shape)}: "
+            f"allowed are ({seq}, r/2) or ({batch}, {seq}, r/2)"
+        )

@@ -58,16 +58,9 @@ def sinusoidal_table(
 
 def _default_positions(x: torch.Tensor, positions: object) -> torch.Tensor:
     """Positions for an additive encoding of ``x`` of shape ``(batch, seq, dim)``."""
-    seq = x.shape[1]
-    if positions is None:
-        return torch.arange(seq, device=x.device)
-    pos = _checks.positions(positions, max_dim=2)
-    if pos.shape[-1] != seq or (pos.dim() == 2 and pos.shape[0] not in (1, x.shape[0])):
-        raise ValueError(
-            f"positions must have shape ({seq},) or ({x.shape[0]}, {seq}) to match x of shape "
-            f"{tuple(x.shape)}, got shape {tuple(pos.shape)}"
-        )
-    return pos.to(x.device)
+    return _checks.positions_for(
+        "positions", positions, batch=x.shape[0], length=x.shape[1], device=x.device
+    )
 
 
 def _check_input(x: object, dim: int) -> torch.Tensor:
@@ -150,16 +143,13 @@ class LearnedEmbedding(nn.Module):
         """
         x = _check_input(x, self.dim)
         pos = _default_positions(x, positions)
-        if pos.numel():
-            lo, hi = int(pos.min()), int(pos.max())
-            if lo < 0 or hi >= self.max_len:
-                bad = hi if hi >= self.max_len else lo
-                raise ValueError(
-                    f"position {bad} is outside [0, {self.max_len}) of this learned table "
-                    f"(max_len={self.max_len}); an absolute learned table has no row for a "
-                    f"position it was not built with and cannot extrapolate. Use a relative "
-                    f"encoding (RoPE, ALiBi) or a larger max_len"
-                )
+        _checks.within_table(
+            pos,
+            self.max_len,
+            f"this learned table (max_len={self.max_len})",
+            "an absolute learned table has no row for a position it was not built with and "
+            "cannot extrapolate. Use a relative encoding (RoPE, ALiBi) or a larger max_len",
+        )
         return x + self.weight[pos].to(x.dtype)
 
     def extra_repr(self) -> str:

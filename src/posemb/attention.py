@@ -13,10 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _checks
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+from .bias import AlibiBias, FireBias, T5Bias
+from .rope import RotaryEmbedding, XPos
 
 
 def attention_probs(
@@ -57,7 +55,7 @@ def attention_probs(
     q_len, k_len = q.shape[2], k.shape[2]
     if causal and q_len > k_len:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
-    dt = _compute_dtype(q)
+    dt = _checks.compute_dtype(q)
     kk = k.to(dt).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     logits = torch.matmul(q.to(dt), kk.transpose(-1, -2)) * s
@@ -77,7 +75,7 @@ def attention_probs(
     return torch.softmax(logits, dim=-1)
 
 
-def attention(
+def dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -86,6 +84,9 @@ def attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Reference attention: ``attention_probs(q, k, causal, bias, scale) @ v``.
+
+    Written out step by step as the oracle for the lesson's claims and for
+    :class:`PositionalAttention`; it is not a fast path.
 
     Args:
         q: ``(batch, heads, q_len, head_dim)``.
@@ -140,9 +141,6 @@ def make_encoding(
         causal: T5 buckets become one-directional for causal attention.
         kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE).
     """
-    from .bias import ALiBi, FireBias, T5RelativeBias
-    from .rope import RotaryEmbedding, XPos
-
     if name in INPUT_ENCODINGS:
         raise ValueError(
             f"encoding {name!r} is added to the token embeddings, not inside attention: use "
@@ -153,8 +151,8 @@ def make_encoding(
         "nope": lambda: None,
         "rope": lambda: RotaryEmbedding(head_dim, **kwargs),
         "xpos": lambda: XPos(head_dim, **kwargs),
-        "alibi": lambda: ALiBi(num_heads, **kwargs),
-        "t5": lambda: T5RelativeBias(num_heads, bidirectional=not causal, **kwargs),
+        "alibi": lambda: AlibiBias(num_heads, **kwargs),
+        "t5": lambda: T5Bias(num_heads, bidirectional=not causal, **kwargs),
         "fire": lambda: FireBias(num_heads, **kwargs),
     }
     if name not in builders:
@@ -179,7 +177,7 @@ class PositionalAttention(nn.Module):
 
     Args:
         encoding: a name from :data:`ATTENTION_ENCODINGS`, an encoding module
-            (``RotaryEmbedding``, ``XPos``, ``ALiBi``, ``T5RelativeBias``, ``FireBias``) or None.
+            (``RotaryEmbedding``, ``XPos``, ``AlibiBias``, ``T5Bias``, ``FireBias``) or None.
         num_heads: query heads.
         head_dim: channels per head.
         causal: mask keys at later positions than the query.
@@ -196,9 +194,6 @@ class PositionalAttention(nn.Module):
         **kwargs: object,
     ) -> None:
         super().__init__()
-        from .bias import ALiBi, FireBias, T5RelativeBias
-        from .rope import RotaryEmbedding, XPos
-
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.positive_int("head_dim", head_dim)
         self.causal = bool(causal)
@@ -215,7 +210,7 @@ class PositionalAttention(nn.Module):
             self.kind = "xpos"
         elif isinstance(enc, RotaryEmbedding):
             self.kind = "rotary"
-        elif isinstance(enc, (ALiBi, T5RelativeBias, FireBias)):
+        elif isinstance(enc, (AlibiBias, T5Bias, FireBias)):
             self.kind = "bias"
             heads = enc.num_heads
             if heads != num_heads:
@@ -268,17 +263,22 @@ class PositionalAttention(nn.Module):
             )
         k_len = k.shape[2]
         default_positions = positions is None and k_positions is None
-        kp = self._positions("k_positions", k_positions, b, k_len, k.device, 0)
-        qp = self._positions("positions", positions, b, q_len, q.device, k_len - q_len)
-        if self.kind == "rotary":
-            q, k = self.encoding.rotate(q, qp), self.encoding.rotate(k, kp)  # type: ignore[union-attr]
-        elif self.kind == "xpos":
-            q, k = self.encoding(q, k, qp, k_positions=kp)  # type: ignore[misc]
-        bias = self.encoding(qp, kp).to(q.dtype) if self.kind == "bias" else None  # type: ignore[misc]
+        kp = _checks.positions_for(
+            "k_positions", k_positions, batch=b, length=k_len, device=k.device
+        )
+        qp = _checks.positions_for(
+            "positions", positions, batch=b, length=q_len, device=q.device, start=k_len - q_len
+        )
+        enc = self.encoding
+        if isinstance(enc, XPos):
+            q, k = enc(q, k, qp, k_positions=kp)
+        elif isinstance(enc, RotaryEmbedding):
+            q, k = enc.rotate(q, qp), enc.rotate(k, kp)
+        bias = enc(qp, kp).to(q.dtype) if self.kind == "bias" else None  # type: ignore[misc]
+        # A boolean mask, True where a key may be seen; SDPA takes it as it is.
         mask = None
         if self.causal and not (default_positions and q_len == k_len and bias is None):
-            rel = kp.unsqueeze(-2) - qp.unsqueeze(-1)  # (q, k) or (b, q, k)
-            mask = rel <= 0
+            mask = (kp.unsqueeze(-2) - qp.unsqueeze(-1)) <= 0  # (q, k) or (b, q, k)
             mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
         if key_padding_mask is not None:
             pad = key_padding_mask
@@ -294,32 +294,15 @@ class PositionalAttention(nn.Module):
                 )
             keep = ~pad[:, None, None, :]
             mask = keep if mask is None else mask & keep
-        if hq != k.shape[1]:
-            k = k.repeat_interleave(hq // k.shape[1], dim=1)
-            v = v.repeat_interleave(hq // v.shape[1], dim=1)
+        # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
+        gqa = hq != k.shape[1]
         if bias is None and mask is None:
-            is_causal = self.causal  # default positions, equal lengths: the fast causal path
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-        attn = bias
-        if mask is not None:
-            blocked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-                ~mask, float("-inf")
-            )
-            attn = blocked if attn is None else attn + blocked
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn)
-
-    @staticmethod
-    def _positions(
-        name: str, value: object, batch: int, length: int, device: torch.device, start: int
-    ) -> torch.Tensor:
-        if value is None:
-            return torch.arange(start, start + length, device=device)
-        pos = _checks.positions(value, max_dim=2, name=name).to(device)
-        if pos.shape[-1] != length or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
-            raise ValueError(
-                f"{name} must have shape ({length},) or ({batch}, {length}), got {tuple(pos.shape)}"
-            )
-        return pos
+            # Default positions and equal lengths: the fast causal path.
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
+        attn = mask if bias is None else bias
+        if bias is not None and mask is not None:
+            attn = torch.where(mask, bias, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
 
     def extra_repr(self) -> str:
         return f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"

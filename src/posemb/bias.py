@@ -16,7 +16,8 @@ from . import _checks
 
 
 def _pos(name: str, value: object) -> torch.Tensor:
-    """Positions ``(len,)`` or ``(batch, len)`` as an int64 tensor."""
+    """Positions ``(len,)`` or ``(batch, len)`` as an int64 tensor (any length: a bias is built
+    for the call's own query and key positions)."""
     return _checks.positions(value, max_dim=2, name=name).to(torch.int64)
 
 
@@ -72,38 +73,54 @@ def alibi_bias(
 
     Symmetric in the distance, so the same call serves causal attention (where only keys in
     the past are visible) and bidirectional use. Not scaled by 1/sqrt(d): it is added after
-    the scaled dot product.
+    the scaled dot product. The product is formed in float32 (float64 for float64 slopes) and
+    rounded once to the slopes' dtype, so half-precision slopes do not also round distances.
 
     Args:
-        slopes: ``(heads,)`` from :func:`alibi_slopes`.
+        slopes: ``(heads,)`` from :func:`alibi_slopes`; its dtype is the output's.
         q_positions, k_positions: ``(len,)`` or ``(batch, len)`` integers.
 
     Returns:
-        float32 ``(1 or batch, heads, q_len, k_len)``.
+        ``(1 or batch, heads, q_len, k_len)`` in ``slopes``' dtype, on its device.
     """
-    rel = relative_positions(q_positions, k_positions).abs()
-    if rel.dim() == 2:
-        rel = rel[None]
-    m = _checks.float_tensor("slopes", slopes).to(torch.float32)
+    m = _checks.float_tensor("slopes", slopes)
     if m.dim() != 1:
         raise ValueError(f"slopes must have shape (heads,), got {tuple(m.shape)}")
-    return -m.to(rel.device)[None, :, None, None] * rel[:, None].to(torch.float32)
+    rel = relative_positions(q_positions, k_positions).to(m.device).abs()
+    if rel.dim() == 2:
+        rel = rel[None]
+    dt = _checks.compute_dtype(m)
+    return (-m.to(dt)[None, :, None, None] * rel[:, None].to(dt)).to(m.dtype)
 
 
-class ALiBi(nn.Module):
+class AlibiBias(nn.Module):
     """ALiBi as a module: no parameters, the bias for the positions of each call.
+
+    The slopes are a buffer, so they follow ``.to()``/``.cuda()``/``.double()`` and set the
+    bias dtype; each move re-forms them from :func:`alibi_slopes` in float64 and rounds once,
+    so ``.half().double()`` does not leave half-precision slopes behind. Not in the
+    ``state_dict``: they are a function of the head count.
 
     Args:
         num_heads: number of heads; slopes follow :func:`alibi_slopes`.
     """
 
+    slopes: torch.Tensor
+
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
-        self.slopes = alibi_slopes(num_heads)
+        self.register_buffer(
+            "slopes", alibi_slopes(num_heads).to(torch.get_default_dtype()), persistent=False
+        )
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        super()._apply(fn, recurse)
+        self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device, self.slopes.dtype)
+        return self
 
     def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Bias ``(1 or batch, heads, q_len, k_len)`` for these positions."""
+        """Bias ``(1 or batch, heads, q_len, k_len)`` for these positions, in the slopes' dtype."""
         return alibi_bias(self.slopes, q_positions, k_positions)
 
     def extra_repr(self) -> str:
@@ -173,7 +190,7 @@ def t5_relative_bucket(
     return bucket + torch.where(small, dist, large)
 
 
-class T5RelativeBias(nn.Module):
+class T5Bias(nn.Module):
     """A learned bias per head and bucket, indexed by :func:`t5_relative_bucket`.
 
     Args:

@@ -179,7 +179,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import rope as bench
+    from .bench import kernels as bench
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -65,35 +65,12 @@ def _unpairs(a: torch.Tensor, b: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 def _check_rope_input(x: object, cos: object, sin: object) -> tuple[torch.Tensor, int]:
     x = _checks.float_tensor("x", x)
-    cos = _checks.float_tensor("cos", cos)
-    sin = _checks.float_tensor("sin", sin)
     if x.dim() != 4:
         raise ValueError(
             f"x must have shape (batch, heads, seq, head_dim), got shape {tuple(x.shape)}"
         )
-    batch, _, seq, head_dim = x.shape
-    if cos.shape != sin.shape:
-        raise ValueError(
-            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
-    if cos.dim() not in (2, 3):
-        raise ValueError(
-            f"cos must have shape (seq, r/2) or (batch, seq, r/2), got shape {tuple(cos.shape)}"
-        )
-    n = cos.shape[-1]
-    if cos.shape[-2] != seq or (cos.dim() == 3 and cos.shape[0] not in (1, batch)):
-        raise ValueError(
-            f"cos of shape {tuple(cos.shape)} does not match x of shape {tuple(x.shape)}: "
-            f"allowed are ({seq}, r/2) or ({batch}, {seq}, r/2)"
-        )
-    if n < 1 or 2 * n > head_dim:
-        raise ValueError(
-            f"cos has {n} frequencies, so r = {2 * n} channels would rotate; allowed is "
-            f"1 <= r/2 and r <= head_dim = {head_dim}"
-        )
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; move it first")
+    n = _checks.cos_sin_tables(cos, sin, x)
+    _checks.per_token_tables(cos, x)  # type: ignore[arg-type]
     return x, n
 
 
@@ -121,7 +98,7 @@ def apply_rope(
     """
     x, n = _check_rope_input(x, cos, sin)
     lay = as_layout(layout)
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = _checks.compute_dtype(x)
     # (seq, n) -> (1, 1, seq, n); (batch, seq, n) -> (batch, 1, seq, n): broadcast over heads.
     c = cos.to(compute)
     s = sin.to(compute)
@@ -132,7 +109,7 @@ def apply_rope(
 
 
 def rotation_matrix(
-    position: int, inv_freq: torch.Tensor, layout: Layout | str = Layout.INTERLEAVED
+    position: int, inv_freq: torch.Tensor, layout: Layout | str = Layout.HALF
 ) -> torch.Tensor:
     """The block-diagonal Givens matrix R_m of Su et al. 2021, eq. 13, in float64.
 
@@ -167,7 +144,7 @@ def rope_complex(
     x: torch.Tensor,
     positions: torch.Tensor | list[int],
     inv_freq: torch.Tensor,
-    layout: Layout | str = Layout.INTERLEAVED,
+    layout: Layout | str = Layout.HALF,
 ) -> torch.Tensor:
     """RoPE as complex multiplication (Su et al. 2021, eq. 12): z_i -> z_i * exp(i m theta_i).
 
@@ -208,7 +185,7 @@ _TABLES: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collection
 _TABLES_MAX = 256
 
 
-def _schedule(
+def _scaled_inv_freq(
     scaling: _scaling.RopeScaling,
     rotary_dim: int,
     base: float,
@@ -241,7 +218,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim: channels that rotate (the first ones of each head); even, <= head_dim;
             default all (GPT-NeoX and Phi rotate a fraction).
         layout: which channels form a plane (:class:`Layout`).
-        scaling: a :mod:`posemb.scaling` schedule; default :class:`posemb.scaling.Default`.
+        scaling: a :mod:`posemb.scaling` object; default :class:`posemb.scaling.Default`.
         backend: how to rotate: "auto" (the fastest available for the tensors' device and
             dtype), "reference", "cpu" (fused C++ loop) or "triton" (GPU kernel); see
             :mod:`posemb.kernels`.
@@ -292,7 +269,7 @@ class RotaryEmbedding(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cos and sin tables for ``positions``, the schedule's attention factor applied.
+        """Cos and sin tables for ``positions``, the scaling's attention factor applied.
 
         Args:
             positions: integers of any shape ``P``.
@@ -306,26 +283,19 @@ class RotaryEmbedding(nn.Module):
         dev = torch.device(device) if device is not None else pos.device
         seq_len = None
         if self.scaling.depends_on_length and pos.numel():
-            # The length a length-dependent schedule sees is max position + 1 over the whole
+            # The length a length-dependent scaling sees is max position + 1 over the whole
             # call, as in transformers; computed per call, never stored on the module.
             seq_len = int(pos.max()) + 1
-        inv, factor = _schedule(self.scaling, self.rotary_dim, self.base, dev, seq_len)
+        inv, factor = _scaled_inv_freq(self.scaling, self.rotary_dim, self.base, dev, seq_len)
         cos, sin = cos_sin(pos, inv, dtype=dtype)
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor
         return cos, sin
 
     def _positions(self, x: torch.Tensor, positions: object) -> torch.Tensor:
-        batch, seq = x.shape[0], x.shape[2]
-        if positions is None:
-            return torch.arange(seq, device=x.device)
-        pos = _checks.positions(positions, max_dim=2)
-        if pos.shape[-1] != seq or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
-            raise ValueError(
-                f"positions must have shape ({seq},) or ({batch}, {seq}) for q of shape "
-                f"{tuple(x.shape)}, got shape {tuple(pos.shape)}"
-            )
-        return pos.to(x.device)
+        return _checks.positions_for(
+            "positions", positions, batch=x.shape[0], length=x.shape[2], device=x.device
+        )
 
     def _check(self, name: str, x: object) -> torch.Tensor:
         x = _checks.float_tensor(name, x)
@@ -375,9 +345,9 @@ class RotaryEmbedding(nn.Module):
                 f"q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
         pos = self._positions(q, positions)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = _checks.compute_dtype(q)
         cos, sin = self.cos_sin(pos, dtype=compute, device=q.device)
-        return kernels.rope(
+        return kernels.rotate(
             q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
         )
 
@@ -388,16 +358,43 @@ class RotaryEmbedding(nn.Module):
         )
 
 
+def xpos_zeta(
+    rotary_dim: int, gamma: float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """xPos's per-pair decay base zeta_i = (2i/d + gamma) / (1 + gamma) (Sun et al. 2022, eq. 10).
+
+    Args:
+        rotary_dim: rotated channels d; even.
+        gamma: > 0 (the paper uses 0.4).
+        device: output device.
+
+    Returns:
+        float64 ``(rotary_dim // 2,)``, increasing, each in (0, 1).
+    """
+    _checks.even_int("rotary_dim", rotary_dim)
+    g = _checks.number("gamma", gamma, minimum=0.0, strict=True)
+    i = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device)
+    return (i / rotary_dim + g) / (1 + g)
+
+
+XPOS_ROLES = ("query", "key")
+
+
 class XPos(RotaryEmbedding):
     """xPos, Sun et al. 2022 ("A Length-Extrapolatable Transformer"), section 3.2: RoPE whose
     pair i is also scaled by zeta_i^(m / B) on the query and zeta_i^(-n / B) on the key, with
-    zeta_i = (2i/d + gamma) / (1 + gamma) < 1. The logit then carries zeta_i^((m - n) / B): the
-    product depends on the distance only, and attention to far keys decays smoothly.
+    zeta_i = (2i/d + gamma) / (1 + gamma) < 1 (:func:`xpos_zeta`). The logit then carries
+    zeta_i^((m - n) / B): the product depends on the distance only, and attention to far keys
+    decays smoothly.
+
+    Queries and keys take opposite scales, so a tensor must say which it is: :meth:`rotate`
+    takes ``role="query"`` or ``role="key"``, and :meth:`forward` takes both.
 
     The paper uses gamma = 0.4 and B = 512 and pairs it with causal attention (for m >= n the
     factor is <= 1). The per-position scale over- or underflows float32 once |m| / B reaches a
     few hundred; ``center`` is subtracted from every position first (the relative property is
-    untouched) to keep the exponents small.
+    untouched) to keep the exponents small. The scales are formed in float64 on each call's
+    device from (gamma, rotary_dim): no state, so ``.to()``/``.half()`` cannot degrade them.
 
     Args:
         head_dim, base, rotary_dim, layout: as :class:`RotaryEmbedding`.
@@ -419,14 +416,59 @@ class XPos(RotaryEmbedding):
         super().__init__(head_dim, base, rotary_dim, layout, backend="reference")
         self.gamma = _checks.number("gamma", gamma, minimum=0.0, strict=True)
         self.scale_base = _checks.number("scale_base", scale_base, minimum=0.0, strict=True)
-        self.center = int(center)
-        i = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64)
-        self._zeta = (i / self.rotary_dim + self.gamma) / (1 + self.gamma)
+        if isinstance(center, bool) or not isinstance(center, int):
+            raise ValueError(f"center must be an integer position, got {center!r}")
+        self.center = center
 
-    def scales(self, positions: torch.Tensor) -> torch.Tensor:
-        """zeta_i^((p - center) / B) for positions ``P``: float64 ``P + (rotary_dim // 2,)``."""
+    def scales(self, positions: torch.Tensor, role: str = "query") -> torch.Tensor:
+        """zeta_i^(+-(p - center) / B) for positions ``P``: float64 ``P + (rotary_dim // 2,)``.
+
+        Args:
+            positions: integers of any shape ``P``.
+            role: "query" (exponent +) or "key" (exponent -).
+        """
+        sign = self._sign(role)
         p = _checks.positions(positions).to(torch.float64) - self.center
-        return self._zeta.to(p.device) ** (p.unsqueeze(-1) / self.scale_base)
+        zeta = xpos_zeta(self.rotary_dim, self.gamma, device=p.device)
+        return zeta ** (sign * p.unsqueeze(-1) / self.scale_base)
+
+    @staticmethod
+    def _sign(role: str) -> float:
+        if role not in XPOS_ROLES:
+            raise ValueError(
+                f"role must be 'query' or 'key' (xPos scales them oppositely), got {role!r}"
+            )
+        return 1.0 if role == "query" else -1.0
+
+    def rotate(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        inplace: bool = False,
+        *,
+        role: str,
+    ) -> torch.Tensor:
+        """Rotate and scale one tensor ``(batch, heads, seq, head_dim)`` as a query or a key.
+
+        Args:
+            x: ``(batch, heads, seq, head_dim)``.
+            positions: ``(seq,)`` or ``(batch, seq)``; default 0..seq-1.
+            inplace: must be False.
+            role: "query" (scaled by zeta^(m/B)) or "key" (by zeta^(-n/B)); required, since
+                the two differ and a silent default would give wrong logits.
+
+        Returns:
+            Tensor shaped and typed like ``x``.
+        """
+        self._sign(role)
+        if inplace:
+            raise ValueError("XPos does not rotate in place (q and k take different scales)")
+        x = self._check("x", x)
+        pos = self._positions(x, positions)
+        cos, sin = self.cos_sin(pos, dtype=torch.float64, device=x.device)
+        scale = self.scales(pos.to(x.device), role)
+        compute = _checks.compute_dtype(x)
+        return apply_rope(x, (cos * scale).to(compute), (sin * scale).to(compute), self.layout)
 
     def forward(
         self,
@@ -452,25 +494,17 @@ class XPos(RotaryEmbedding):
             raise ValueError("XPos does not rotate in place (q and k take different scales)")
         q = self._check("q", q)
         k = self._check("k", k)
-        qp = self._positions(q, positions)
         if k_positions is None:
             if k.shape[2] != q.shape[2]:
                 raise ValueError("k_positions is required when k and q differ in length")
-            kp = qp
-        else:
-            kp = self._positions(k, k_positions)
-        out = []
-        for x, pos, sign in ((q, qp, 1.0), (k, kp, -1.0)):
-            compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-            cos, sin = self.cos_sin(pos, dtype=torch.float64, device=x.device)
-            scale = self.scales(pos.to(x.device)) ** sign
-            out.append(
-                apply_rope(x, (cos * scale).to(compute), (sin * scale).to(compute), self.layout)
-            )
-        return out[0], out[1]
+            k_positions = self._positions(q, positions)
+        return self.rotate(q, positions, role="query"), self.rotate(k, k_positions, role="key")
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", gamma={self.gamma:g}, scale_base={self.scale_base:g}"
+        return (
+            super().extra_repr()
+            + f", gamma={self.gamma:g}, scale_base={self.scale_base:g}, center={self.center}"
+        )
 
 
 def permute_layout(

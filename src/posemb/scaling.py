@@ -1,13 +1,14 @@
-"""RoPE frequency schedules: how a rotary embedding picks its frequencies.
+"""RoPE scalings: how a rotary embedding picks its frequencies.
 
-A schedule maps ``(rotary_dim, base)`` (and, for length-dependent methods, the current sequence
-length) to ``(inv_freq, attention_factor)``: the float64 frequencies of the rotated pairs and a
+posemb calls these objects *scalings* (Hugging Face's ``rope_scaling``), whatever they do to
+the frequencies. A scaling maps ``(rotary_dim, base)`` (and, for length-dependent methods, the
+current sequence length) to ``(inv_freq, attention_factor)``: the float64 frequencies of the rotated pairs and a
 factor that multiplies cos and sin (so every attention logit scales by its square). This is the
 contract of Hugging Face's ``ROPE_INIT_FUNCTIONS``, which keeps configs portable; reading those
-configs is :mod:`posemb.hf`'s job, never a schedule's.
+configs is :mod:`posemb.hf`'s job, never a scaling's.
 
-Schedules are frozen dataclasses validated at construction; they are hashable, so tables can be
-memoised on them. Rotation code never sees a schedule, only cos and sin.
+Scalings are frozen dataclasses validated at construction; they are hashable, so tables can be
+memoised on them. Rotation code never sees a scaling, only cos and sin.
 
 Notation: d = rotary_dim, b = base, s = factor, L = the original (pre-training) context length,
 theta_i = b^(-2i/d) the default frequencies, lambda_i = 2*pi / theta_i their wavelengths.
@@ -45,7 +46,7 @@ def _need_pairs(cls: str, rotary_dim: int, minimum: int = 2) -> None:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Base class of all schedules."""
+    """Base class of all scalings."""
 
     rope_type: ClassVar[str] = ""
     depends_on_length: ClassVar[bool] = False
@@ -59,7 +60,7 @@ class RopeScaling:
         Args:
             rotary_dim: number of rotated channels; even.
             base: frequency base; must exceed 1.
-            seq_len: current sequence length (max position + 1), for length-dependent schedules.
+            seq_len: current sequence length (max position + 1), for length-dependent scalings.
 
         Returns:
             float64 tensor of shape ``(rotary_dim // 2,)`` and a float.
@@ -122,9 +123,13 @@ def _ntk_base(base: float, ratio: float, rotary_dim: int) -> float:
 
 @dataclass(frozen=True)
 class NTK(RopeScaling):
-    """Static NTK-aware scaling: the base grows to b * s^(d/(d-2)) (bloc97, "NTK-Aware Scaled
-    RoPE", 2023; Peng et al. 2023, section 3.1). High frequencies barely change, the lowest is
-    divided by s. No ``rope_type`` in transformers; vLLM and others call it "ntk".
+    """Static NTK-aware scaling in bloc97's form ("NTK-Aware Scaled RoPE", 2023; Peng et al.
+    2023, section 3.1): the base grows to b * s^(d/(d-2)). The fastest pair keeps theta_0 = 1,
+    the slowest is divided by exactly s, and the pairs between move geometrically. This is the
+    form of x-transformers' and rotary-embedding-torch's ``ntk`` alpha and of dynamic NTK at a
+    fixed length. No ``rope_type`` in ``transformers``.
+
+    Not vLLM's ``"ntk"`` rope type, which is a different formula: see :class:`VllmNTK`.
 
     Args:
         factor: the extension ratio s >= 1.
@@ -142,6 +147,37 @@ class NTK(RopeScaling):
         _need_pairs("NTK", rotary_dim, minimum=4)
         new_base = _ntk_base(base, float(self.factor), rotary_dim)
         return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0
+
+
+@dataclass(frozen=True)
+class VllmNTK(RopeScaling):
+    """Fixed NTK scaling as vLLM computes its ``rope_scaling`` type ``"ntk"`` (its
+    ``NTKScalingRotaryEmbedding`` without ``mixed_b``; Su, kexue.fm/archives/9706):
+    theta'_i = (b * s)^(-2i/d) / s^(2/d).
+
+    Against bloc97's :class:`NTK`: the slowest pair is divided by s in both, but here the
+    fastest pair is slowed too, by s^(2/d) (1.022 at s = 4, d = 128), and every pair in between
+    by a different amount. A config that says ``"type": "ntk"`` (Alibaba's GTE v1.5 encoders
+    ship ``{"type": "ntk", "factor": 2.0}``) therefore gives different frequencies in vLLM than in
+    code that applies bloc97's base change.
+
+    Args:
+        factor: s >= 1.
+    """
+
+    rope_type: ClassVar[str] = "vllm_ntk"
+    factor: float
+
+    def __post_init__(self) -> None:
+        _number("VllmNTK", "factor", self.factor, minimum=1.0)
+
+    def compute(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        _need_pairs("VllmNTK", rotary_dim)
+        s = float(self.factor)
+        inv = _default_inv_freq(rotary_dim, base * s, dtype=F64)
+        return inv / s ** (2.0 / rotary_dim), 1.0
 
 
 @dataclass(frozen=True)
@@ -271,7 +307,7 @@ class Yarn(RopeScaling):
         i = torch.arange(rotary_dim // 2, dtype=F64)
         return ((i - low) / (high - low)).clamp(0, 1)
 
-    def attention_scale(self) -> float:
+    def effective_attention_factor(self) -> float:
         """The factor on cos and sin (see the class docstring)."""
         if self.attention_factor is not None:
             return float(self.attention_factor)
@@ -285,7 +321,7 @@ class Yarn(RopeScaling):
     ) -> tuple[torch.Tensor, float]:
         inv, _ = Default().compute(rotary_dim, base)
         ramp = self._ramp(rotary_dim, base)
-        return inv / float(self.factor) * ramp + inv * (1 - ramp), self.attention_scale()
+        return inv / float(self.factor) * ramp + inv * (1 - ramp), self.effective_attention_factor()
 
     def bands(self, rotary_dim: int, base: float) -> list[str]:
         ramp = self._ramp(rotary_dim, base)
@@ -417,7 +453,7 @@ class LongRope(RopeScaling):
     def length_key(self, seq_len: int | None) -> Hashable:
         return seq_len is not None and seq_len > self.original_max_position_embeddings
 
-    def attention_scale(self) -> float:
+    def effective_attention_factor(self) -> float:
         """sqrt(1 + ln s / ln L) for s > 1 (Phi-3's choice), or the explicit factor."""
         if self.attention_factor is not None:
             return float(self.attention_factor)
@@ -436,7 +472,7 @@ class LongRope(RopeScaling):
                 f"rotary_dim {rotary_dim} needs {rotary_dim // 2}"
             )
         chosen = self.long_factor if self.length_key(seq_len) else self.short_factor
-        return inv / torch.tensor(chosen, dtype=F64), self.attention_scale()
+        return inv / torch.tensor(chosen, dtype=F64), self.effective_attention_factor()
 
     def bands(self, rotary_dim: int, base: float) -> list[str]:
         return ["short/long factor"] * (rotary_dim // 2)
@@ -485,20 +521,20 @@ class Proportional(RopeScaling):
         return ["rotates" if i < rotating else "still" for i in range(rotary_dim // 2)]
 
 
-SCHEDULES: dict[str, type[RopeScaling]] = {
+SCALINGS: dict[str, type[RopeScaling]] = {
     cls.rope_type: cls
-    for cls in (Default, Linear, NTK, DynamicNTK, Yarn, Llama3, LongRope, Proportional)
+    for cls in (Default, Linear, NTK, VllmNTK, DynamicNTK, Yarn, Llama3, LongRope, Proportional)
 }
 
 
 def check(scaling: object) -> RopeScaling:
-    """Return ``scaling`` (``None`` means :class:`Default`) if it is a schedule."""
+    """Return ``scaling`` (``None`` means :class:`Default`) if it is a scaling."""
     if scaling is None:
         return Default()
     if not isinstance(scaling, RopeScaling):
-        names = ", ".join(cls.__name__ for cls in SCHEDULES.values())
+        names = ", ".join(cls.__name__ for cls in SCALINGS.values())
         raise ValueError(
-            f"scaling must be a posemb.scaling schedule ({names}) or None, "
+            f"scaling must be a posemb.scaling object ({names}) or None, "
             f"got {type(scaling).__name__}"
         )
     return scaling
@@ -506,7 +542,7 @@ def check(scaling: object) -> RopeScaling:
 
 __all__ = [
     "NTK",
-    "SCHEDULES",
+    "SCALINGS",
     "Default",
     "DynamicNTK",
     "Linear",
@@ -514,6 +550,7 @@ __all__ = [
     "LongRope",
     "Proportional",
     "RopeScaling",
+    "VllmNTK",
     "Yarn",
     "check",
     "yarn_mscale",

@@ -144,26 +144,6 @@ def _check_pair(q: object, k: object, varlen: bool) -> tuple[torch.Tensor, torch
     return q, k
 
 
-def _check_table(cos: object, sin: object, q: torch.Tensor, dims: tuple[int, ...]) -> None:
-    cos = _checks.float_tensor("cos", cos)
-    sin = _checks.float_tensor("sin", sin)
-    if cos.shape != sin.shape or cos.dim() not in dims:
-        raise ValueError(
-            f"cos and sin must have the same shape with {' or '.join(map(str, dims))} "
-            f"dimensions, got {tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
-    if cos.device != q.device or sin.device != q.device:
-        raise ValueError(
-            f"cos/sin are on {cos.device}/{sin.device} but q is on {q.device}; move them first"
-        )
-    n = cos.shape[-1]
-    if n < 1 or 2 * n > q.shape[-1]:
-        raise ValueError(
-            f"cos has {n} frequencies, so {2 * n} channels would rotate; allowed is 1 to "
-            f"head_dim/2 = {q.shape[-1] // 2}"
-        )
-
-
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32).contiguous()
 
@@ -194,7 +174,7 @@ def _reference_launcher(
     def run(q, k, conjugate, inplace):
         outs = []
         for x in (q, k):
-            y = from_bhsd(reference.rope(to_bhsd(x), cos, sin, layout, conjugate))
+            y = from_bhsd(reference.rotate(to_bhsd(x), cos, sin, layout, conjugate))
             outs.append(x.copy_(y) if inplace else y)
         return outs[0], outs[1]
 
@@ -221,7 +201,7 @@ def _cpu_launcher(
     return run
 
 
-def rope(
+def rotate(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
@@ -245,12 +225,8 @@ def rope(
         ``(q, k)`` rotated, dtypes kept.
     """
     q, k = _check_pair(q, k, varlen=False)
-    _check_table(cos, sin, q, (2, 3))
-    if cos.shape[-2] != q.shape[2] or (cos.dim() == 3 and cos.shape[0] not in (1, q.shape[0])):
-        raise ValueError(
-            f"cos of shape {tuple(cos.shape)} does not match q of shape {tuple(q.shape)}: "
-            f"allowed are ({q.shape[2]}, r/2) or ({q.shape[0]}, {q.shape[2]}, r/2)"
-        )
+    _checks.cos_sin_tables(cos, sin, q, (2, 3))
+    _checks.per_token_tables(cos, q, "q")
     lay = as_layout(layout)
     which = resolve_backend(backend, q)
     if which == "reference":
@@ -302,7 +278,7 @@ def _triton_launcher(
     return run
 
 
-def rope_cached(
+def rotate_cached(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
@@ -328,14 +304,14 @@ def rope_cached(
         positions: ``(seq,)`` or ``(batch, seq)`` integer rows (not with cu_seqlens).
         offsets: per-sequence ``(batch,)`` integers or one int, added to each row.
         cu_seqlens: ``(batch + 1,)`` increasing integers from 0 to total.
-        layout, backend, inplace: as in :func:`rope`.
+        layout, backend, inplace: as in :func:`rotate`.
 
     Returns:
         ``(q, k)`` rotated.
     """
     varlen = cu_seqlens is not None
     q, k = _check_pair(q, k, varlen=varlen)
-    _check_table(cos, sin, q, (2,))
+    _checks.cos_sin_tables(cos, sin, q, (2,))
     dev = q.device
     if varlen:
         if positions is not None:
@@ -354,14 +330,9 @@ def rope_cached(
         batch, seq_len, cu = q.shape[0], q.shape[2], None
     pos = None
     if positions is not None:
-        pos = _checks.positions(positions, max_dim=2).to(dev)
+        pos = _checks.positions_for("positions", positions, batch=batch, length=seq_len, device=dev)
         if pos.dim() == 1:
             pos = pos[None]
-        if pos.shape[-1] != seq_len or pos.shape[0] not in (1, batch):
-            raise ValueError(
-                f"positions must have shape ({seq_len},) or ({batch}, {seq_len}), got "
-                f"{tuple(positions.shape)}"  # type: ignore[union-attr]
-            )
     off = None
     if offsets is not None:
         if isinstance(offsets, int) and not isinstance(offsets, bool):
@@ -371,14 +342,12 @@ def rope_cached(
             if off.shape[0] != batch:
                 raise ValueError(f"offsets must have shape ({batch},), got {tuple(off.shape)}")
     rows = reference.table_rows(batch, seq_len, pos, off, cu, device=dev)
-    if rows.numel():
-        lo, hi = int(rows.min()), int(rows.max())
-        if lo < 0 or hi >= cos.shape[0]:
-            bad = hi if hi >= cos.shape[0] else lo
-            raise ValueError(
-                f"position {bad} is outside the cached cos/sin table of {cos.shape[0]} rows; "
-                f"build the cache for more positions"
-            )
+    _checks.within_table(
+        rows,
+        cos.shape[0],
+        f"the cached cos/sin table of {cos.shape[0]} rows",
+        "build the cache for more positions",
+    )
     lay = as_layout(layout)
     which = resolve_backend(backend, q)
     if which == "triton":
@@ -415,7 +384,19 @@ __all__ = [
     "RotaryFunction",
     "reference",
     "resolve_backend",
-    "rope",
-    "rope_cached",
+    "rotate",
+    "rotate_cached",
     "triton_unavailable_reason",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # rope_cached was the README's name before 0.2; kept working with a warning.
+    if name == "rope_cached":
+        import warnings
+
+        warnings.warn(
+            "posemb.kernels.rope_cached is renamed rotate_cached", DeprecationWarning, stacklevel=2
+        )
+        return rotate_cached
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

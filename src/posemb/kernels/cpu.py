@@ -112,7 +112,7 @@ def rope_apply(
     conjugate: bool = False,
 ) -> torch.Tensor:
     """Rotate ``x`` into ``out`` (``out`` may be ``x``: in place). Arguments are checked by
-    the caller (:func:`posemb.kernels.rope`).
+    the caller (:func:`posemb.kernels.rotate`).
 
     Args:
         x: ``(B, H, S, D)`` CPU tensor, unit stride in D, float32/bfloat16/float16.

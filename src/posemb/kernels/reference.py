@@ -7,7 +7,7 @@ import torch
 
 from ..rope import Layout, apply_rope
 
-__all__ = ["apply_rope", "rope", "table_rows"]
+__all__ = ["apply_rope", "rotate", "table_rows"]
 
 
 def table_rows(
@@ -46,7 +46,7 @@ def table_rows(
     return rows
 
 
-def rope(
+def rotate(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,

@@ -111,11 +111,11 @@ def _methods(
     methods: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
         f"posemb {fused} in-place": (
             "inplace",
-            lambda t: kernels.rope(t, k0, cos, sin, backend=fused, inplace=True)[0],
+            lambda t: kernels.rotate(t, k0, cos, sin, backend=fused, inplace=True)[0],
         ),
         f"posemb {fused}": (
             "outofplace",
-            lambda t: kernels.rope(t, t[:, :0], cos, sin, backend=fused)[0],
+            lambda t: kernels.rotate(t, t[:, :0], cos, sin, backend=fused)[0],
         ),
         "posemb reference": ("outofplace", lambda t: posemb.apply_rope(t, cos, sin)),
     }
