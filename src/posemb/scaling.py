@@ -2,10 +2,10 @@
 
 posemb calls these objects *scalings* (Hugging Face's ``rope_scaling``), whatever they do to
 the frequencies. A scaling maps ``(rotary_dim, base)`` (and, for length-dependent methods, the
-current sequence length) to ``(inv_freq, attention_factor)``: the float64 frequencies of the rotated pairs and a
-factor that multiplies cos and sin (so every attention logit scales by its square). This is the
-contract of Hugging Face's ``ROPE_INIT_FUNCTIONS``, which keeps configs portable; reading those
-configs is :mod:`posemb.hf`'s job, never a scaling's.
+current sequence length) to ``(inv_freq, attention_factor)``: the float64 frequencies of the
+rotated pairs and a factor that multiplies cos and sin (so every attention logit scales by its
+square). This is the contract of Hugging Face's ``ROPE_INIT_FUNCTIONS``, which keeps configs
+portable; reading those configs is :mod:`posemb.hf`'s job, never a scaling's.
 
 Scalings are frozen dataclasses validated at construction; they are hashable, so tables can be
 memoised on them. Rotation code never sees a scaling, only cos and sin.
