@@ -215,3 +215,33 @@ def test_nope_is_blind_and_alibi_encoding_objects():
 def test_positional_attention_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("encoding", ["nope", "rope", "alibi"])
+def test_gqa_and_masks_reach_sdpa_as_they_are(monkeypatch, encoding):
+    """k and v keep their kv_heads (SDPA groups them itself), and a mask with no bias stays a
+    boolean mask rather than a float tensor of -inf."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((k.shape[1], v.shape[1], kw.get("attn_mask"), kw.get("enable_gqa")))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    q, k, v = _qkv(b=2, h=4, hk=1, sq=6, sk=6, d=8)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[0, 1] = True
+    out = pa(q, k, v[..., :8], key_padding_mask=pad)
+    torch.testing.assert_close(
+        out, naive(pa, q, k, v[..., :8], torch.arange(6), torch.arange(6), pad), **TOL[F64]
+    )
+    k_heads, v_heads, mask, gqa = seen[-1]
+    assert (k_heads, v_heads, gqa) == (1, 1, True)
+    if encoding == "alibi":
+        assert mask.dtype == torch.float64  # a bias is a float tensor by nature
+    else:
+        assert mask.dtype == torch.bool

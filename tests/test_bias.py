@@ -9,6 +9,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 import posemb
 from posemb.bias import relative_positions
+from tolerances import TOL, assert_close
 
 F64 = torch.float64
 
@@ -86,9 +87,13 @@ def test_fire_bias_shape_gradients_and_normalisation():
     torch.testing.assert_close(diag, fire.mlp(torch.zeros(1, 1)).T.expand(3, 6))
     bias.sum().backward()
     assert fire.c.grad is not None and fire.mlp[0].weight.grad is not None
-    # Progressive interpolation: inputs stay in [0, 1] for any length.
-    far = fire(torch.tensor([100_000]), torch.arange(0, 100_001, 1000))
-    assert far.isfinite().all()
+    # Progressive interpolation: the MLP's inputs stay in [0, 1] for any length.
+    seen = []
+    hook = fire.mlp[0].register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
+    fire(torch.tensor([100_000]), torch.arange(0, 100_001, 1000))
+    hook.remove()
+    assert float(seen[0].min()) >= 0.0 and float(seen[0].max()) <= 1.0
+    assert float(seen[0].max()) == pytest.approx(1.0)  # the farthest key maps to the end
 
 
 @given(st.integers(-2000, 2000), st.integers(-2000, 2000), st.integers(-3000, 3000))
@@ -109,6 +114,55 @@ def test_xpos_decays_with_distance_and_scales_up_queries():
     s = xpos.scales(torch.tensor([0, 512, 1024]))
     assert torch.equal(s[0], torch.ones(8, dtype=F64))
     assert bool((s[2] < s[1]).all()) and bool((s[1] < 1).all())
+    k = xpos.scales(torch.tensor([0, 512, 1024]), role="key")
+    torch.testing.assert_close(k * s, torch.ones_like(s), **TOL[F64])
+    torch.testing.assert_close(s[1], posemb.xpos_zeta(16, 0.4), **TOL[F64])
+
+
+def test_xpos_rotate_needs_a_role_and_forward_uses_both():
+    xpos = posemb.XPos(16)
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 2, 3, 5, 16, generator=g, dtype=F64)
+    pos = torch.arange(100, 105)
+    with pytest.raises(TypeError):
+        xpos.rotate(q, pos)  # no silent query-side default
+    with pytest.raises(ValueError, match="role must be 'query' or 'key'"):
+        xpos.rotate(q, pos, role="value")
+    fq, fk = xpos(q, k, pos)
+    torch.testing.assert_close(fq, xpos.rotate(q, pos, role="query"), **TOL[F64])
+    torch.testing.assert_close(fk, xpos.rotate(k, pos, role="key"), **TOL[F64])
+    # Query and key sides differ by the decay squared, so swapping them is not harmless.
+    assert float((xpos.rotate(k, pos, role="query") - fk).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_modules_follow_dtype_moves(dtype):
+    """.to() reaches every tensor a bias module computes from, and half-precision detours
+    leave nothing degraded behind."""
+    q, k = torch.arange(40, 50), torch.arange(0, 50)
+    alibi = posemb.AlibiBias(12)
+    want = posemb.alibi_bias(posemb.alibi_slopes(12), q, k)  # float64 slopes: exact
+    moved = alibi.to(dtype)
+    assert moved.slopes.dtype == dtype and moved(q, k).dtype == dtype
+    assert_close(moved(q, k), want, dtype)
+    assert torch.equal(posemb.AlibiBias(12).half().double()(q, k), want)
+    assert "slopes" not in alibi.state_dict()  # derived from num_heads, not saved
+
+    torch.manual_seed(0)
+    for module in (posemb.T5Bias(4), posemb.FireBias(4)):
+        ref = module.double()(q, k)
+        if dtype in (torch.float32, torch.float64):
+            out = module.to(dtype)(q, k)
+            assert out.dtype == dtype
+            assert_close(out, ref, dtype)
+
+    xpos = posemb.XPos(16)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 2, 10, 16, generator=g, dtype=F64)
+    ref = xpos.rotate(x, torch.arange(300, 310), role="key")
+    out = xpos.to(dtype).rotate(x.to(dtype), torch.arange(300, 310), role="key")
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype)
 
 
 def test_randomized_positions():

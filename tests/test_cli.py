@@ -1,87 +1,184 @@
+"""`posemb verify`: every claim holds, names its screen, and can fail for its stated reason."""
+
 import json
+import math
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from posemb import cli
 from posemb.lesson import claims
 
 
-def test_every_claim_holds_as_measured():
-    rows = claims.run_all()
+@pytest.fixture(scope="module")
+def rows():
+    return claims.run_all()
+
+
+def test_every_claim_holds_as_measured(rows):
     failed = [(r["id"], r["measured"]) for r in rows if not r["passed"]]
     assert not failed
 
 
-def test_claims_are_well_formed():
+def test_every_screen_has_a_claim_and_every_claim_a_screen(rows):
+    assert set(claims.SCREENS) == set(range(1, 10))
+    assert {r["screen"] for r in rows} == set(claims.SCREENS)
+    assert [r["screen"] for r in rows] == sorted(r["screen"] for r in rows)
     ids = [c.id for c in claims.CLAIMS]
     assert len(ids) == len(set(ids))
-    for c in claims.CLAIMS:
-        assert c.verdict in ("holds", "wrong", "overstated", "incomplete", "n/a")
-        # A claim that corrects the lesson quotes what the lesson said.
-        assert (c.lesson_says is not None) == (c.verdict not in ("holds", "n/a"))
 
 
-def test_claims_required_by_the_issue_are_present():
-    ids = {c.id for c in claims.CLAIMS}
-    for needed in (
-        "attention.permutation_equivariance",
-        "attention.dog_bites_man.no_positions",
-        "attention.dog_bites_man.with_positions",
-        "attention.causal_logit_blind_to_distance",
-        "absolute.sinusoidal_shift_is_linear",
-        "sinusoidal.wavelengths_768",
-        "absolute.random_vectors_near_orthogonal",
-        "absolute.four_term_decomposition",
-        "rope.norm_preserved",
-        "rope.relative_composition",
-        "rope.group_homomorphism",
-        "rope.determinant_and_orthogonality",
-        "rope.logit_depends_on_offset_only",
-        "rope.toy_trace",
-        "rope.fastest_pair_period",
-    ):
-        assert needed in ids
+def test_a_correction_quotes_the_lesson():
+    with pytest.raises(ValueError, match="quotes it"):
+        claims.Claim("x.y", 1, "text", lambda: claims.Result(True, "", 0.0), verdict="wrong")
+    with pytest.raises(ValueError, match=r"screen must be 1\.\.9"):
+        claims.Claim("x.y", 10, "text", lambda: claims.Result(True, "", 0.0))
+    with pytest.raises(ValueError, match="registered twice"):
+        claims.claim("rope.toy_trace", 5, "again")(lambda: claims.Result(True, "", 0.0))
+
+
+def _by_id(claim_id):
+    return next(c for c in claims.CLAIMS if c.id == claim_id)
+
+
+def _wrong_rope(x, cos, sin, layout="half"):
+    """A rotation that turns every pair twice as fast: the periods must notice."""
+    from posemb.rope import apply_rope
+
+    return apply_rope(x, cos * cos - sin * sin, 2 * sin * cos, layout)
+
+
+def _fake_lab(rope_flat=False, sinusoidal_flat=False):
+    """A lab summary in the shipped form, with chosen curves."""
+    real = claims._lab()
+
+    def cells(within, past):
+        out = {str(real["config"]["train_len"]): {"all": {"mean": within, "std": 0.0, "n": 2}}}
+        for n in real["config"]["eval_lens"][1:]:
+            out[str(n)] = {"all": {"mean": past, "std": 0.0}, "past": {"mean": past, "std": 0.0}}
+        return out
+
+    fake = dict(real)
+    fake["results"] = dict(real["results"])
+    if rope_flat:
+        fake["results"]["rope"] = cells(1.6, 1.6)
+    if sinusoidal_flat:
+        fake["results"]["sinusoidal"] = cells(1.7, 1.7)
+    return fake
+
+
+# The real functions, captured before any test patches them.
+_table, _wavelengths, _counts, _probs = (
+    claims.sinusoidal_table,
+    claims.wavelengths,
+    claims._param_counts,
+    claims.attention_probs,
+)
+
+
+def _recency_probs(q, k, causal):
+    """Attention that prefers recent keys: the same key no longer gets the same weight."""
+    recency = torch.arange(k.shape[2], dtype=q.dtype) * 0.01
+    return _probs(q, k, causal=causal, bias=recency)
+
+
+# Each fault breaks exactly what its claim is about; the claim must then fail.
+FAULTS = [
+    ("rope.fastest_pair_period", "apply_rope", _wrong_rope),
+    ("rope.slowest_pair_period", "apply_rope", _wrong_rope),
+    (
+        "sinusoidal.constant_norm",
+        "sinusoidal_table",
+        lambda p, d, **kw: _table(p, d, **kw) * (1 + p[:, None] % 2),
+    ),
+    ("sinusoidal.wavelengths_768", "wavelengths", lambda d: _wavelengths(d, 10001.0)),
+    ("rope.no_learnable_parameters", "_param_counts", lambda: {**_counts(), "rope": 1}),
+    (
+        "absolute.parameter_counts",
+        "_param_counts",
+        lambda: {**_counts(), "sinusoidal": _counts()["nope"] + 768},
+    ),
+    ("rope.extrapolation_is_not_native", "_lab", lambda: _fake_lab(rope_flat=True)),
+    ("sinusoidal.extrapolation_is_not_enabled", "_lab", lambda: _fake_lab(sinusoidal_flat=True)),
+    # A "RoPE" whose output shrinks with position: logits now do decay.
+    ("rope.no_decay_for_random_vectors", "RotaryEmbedding", lambda d: _DecayingRope(d)),
+    ("attention.causal_same_key_same_weight", "attention_probs", _recency_probs),
+]
+
+
+class _DecayingRope(claims.RotaryEmbedding):
+    def rotate(self, x, positions=None, inplace=False):
+        return super().rotate(x, positions) * torch.exp(-positions.to(x.dtype) / 500)[:, None]
+
+
+@pytest.mark.parametrize("claim_id,name,fault", FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_claim_fails_when_what_it_claims_is_broken(monkeypatch, claim_id, name, fault):
+    assert _by_id(claim_id).run()["passed"]
+    monkeypatch.setattr(claims, name, fault)
+    assert not _by_id(claim_id).run()["passed"]
+
+
+def test_dog_bites_man_claims_fail_on_a_weak_encoding(monkeypatch):
+    from posemb.lab import dog_bites_man as dbm
+
+    real = dbm.accuracy_over_seeds()
+    weak = {**real, "alibi": [0.55, 0.6, 0.58]}
+    monkeypatch.setattr(dbm, "accuracy_over_seeds", lambda *a, **k: weak)
+    assert not _by_id("attention.dog_bites_man.trained").run()["passed"]
+    leaky = {**real, "nope": [0.5, 0.52, 0.5]}
+    monkeypatch.setattr(dbm, "accuracy_over_seeds", lambda *a, **k: leaky)
+    assert not _by_id("attention.dog_bites_man.trained").run()["passed"]
+
+
+def test_bar_for_above_chance_is_five_standard_errors():
+    assert claims._above_chance(100) == pytest.approx(0.75)
+    assert claims._above_chance(288) == pytest.approx(0.5 + 2.5 / math.sqrt(288))
 
 
 def test_verify_json(capsys):
-    assert cli.main(["verify", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == len(claims.CLAIMS)
-    for row in rows:
-        assert {"id", "claim", "passed", "measured"} <= row.keys()
-        assert row["passed"] is True
-    wrong = {r["id"]: r for r in rows if r["verdict"] == "wrong"}
-    assert "6.2832" in wrong["rope.fastest_pair_period"]["measured"]
+    assert cli.main(["verify", "--json", "--only", "rope.fastest_pair_period"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["verdict"] == "wrong" and row["screen"] == 8
+    assert "6.2832" in row["measured"] and "114.6 degrees" in row["measured"]
 
 
 def test_verify_table(capsys):
-    assert cli.main(["verify"]) == 0
+    ids = ["attention.permutation_equivariance", "rope.slowest_pair_period"]
+    assert cli.main(["verify", "--only", *ids]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS   ") == len(claims.CLAIMS)
-    assert "lesson wrong" in out and "FAIL" not in out
+    assert out.count("PASS   ") == 2 and "FAIL" not in out
+    assert "Screen 1:" in out and "Screen 8:" in out and "lesson wrong" in out
+
+
+def test_verify_list_and_unknown_id(capsys):
+    assert cli.main(["verify", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(claims.CLAIMS) and listed[0].startswith("1  ")
+    assert cli.main(["verify", "--only", "no.such.claim"]) == 2
+    assert "unknown claim id(s) no.such.claim" in capsys.readouterr().err
 
 
 def test_verify_exits_1_when_a_claim_fails(monkeypatch, capsys):
     bad = claims.Claim(
-        "x.fails", "test", "a claim that does not hold", lambda: claims.Result(False, "1 != 2", 1.0)
+        "x.fails", 2, "a claim that does not hold", lambda: claims.Result(False, "1 != 2", 1.0)
     )
-    monkeypatch.setattr(claims, "CLAIMS", (*claims.CLAIMS[:2], bad))
+    monkeypatch.setattr(claims, "CLAIMS", [*claims.CLAIMS[:2], bad])
     assert cli.main(["verify"]) == 1
     out = capsys.readouterr().out
     assert "FAIL   x.fails" in out and "2/3 claims hold" in out
 
 
-def test_command_line_entry_point():
+def test_python_dash_m_posemb():
     proc = subprocess.run(
-        [sys.executable, "-m", "posemb", "verify", "--json"],
+        [sys.executable, "-m", "posemb", "verify", "--json", "--only", "rope.toy_trace"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)[0]["id"] == "attention.permutation_equivariance"
+    assert [r["id"] for r in json.loads(proc.stdout)] == ["rope.toy_trace"]
 
 
 def test_unknown_subcommand_is_a_usage_error():

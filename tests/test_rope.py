@@ -320,3 +320,17 @@ c5, s5 = _tables(torch.arange(5), 8, dtype=torch.float32)
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_the_three_forms_share_one_default_layout():
+    """apply_rope, rotation_matrix and rope_complex called with defaults rotate the same planes."""
+    g = torch.Generator().manual_seed(3)
+    theta = posemb.inv_freq(16, dtype=F64)
+    x = torch.randn(1, 1, 4, 16, generator=g, dtype=F64)
+    pos = torch.tensor([0, 3, 50, 1000])
+    cos, sin = posemb.cos_sin(pos, theta, dtype=F64)
+    elementwise = posemb.apply_rope(x, cos, sin)
+    mats = torch.stack([posemb.rotation_matrix(int(p), theta) for p in pos])
+    torch.testing.assert_close(torch.einsum("sij,bhsj->bhsi", mats, x), elementwise, **TOL[F64])
+    torch.testing.assert_close(posemb.rope_complex(x, pos, theta), elementwise, **TOL[F64])
+    assert posemb.RotaryEmbedding(16).layout is posemb.Layout.HALF

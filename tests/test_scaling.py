@@ -232,3 +232,25 @@ def test_module_recomputes_dynamic_schedule_per_call_without_state():
 def test_bad_schedules(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0, 31.25])
+def test_vllm_ntk_is_not_bloc97_ntk(factor):
+    """vLLM's "ntk": theta'_i = (b s)^(-2i/d) / s^(2/d). It meets bloc97's form at the slowest
+    pair (both divide it by s) and departs from it everywhere else, the fastest pair included."""
+    d, b = 128, 10000.0
+    got, attn = sc.VllmNTK(factor).compute(d, b)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    want = (b * factor) ** (-2 * i / d) / factor ** (2 / d)
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
+    assert attn == 1.0
+    bloc97, _ = sc.NTK(factor).compute(d, b)
+    default, _ = sc.Default().compute(d, b)
+    assert float(got[-1]) == pytest.approx(float(default[-1]) / factor, rel=1e-12)
+    assert float(bloc97[-1]) == pytest.approx(float(default[-1]) / factor, rel=1e-12)
+    assert float(got[0]) == pytest.approx(factor ** (-2 / d), rel=1e-15)
+    assert float(bloc97[0]) == 1.0
+    if factor > 1:
+        assert float((got[:-1] - bloc97[:-1]).abs().min()) > 0
+    with pytest.raises(ValueError, match=r"VllmNTK\.factor must be a finite number >= 1"):
+        sc.VllmNTK(0.5)

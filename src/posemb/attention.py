@@ -275,9 +275,14 @@ class PositionalAttention(nn.Module):
         elif isinstance(enc, RotaryEmbedding):
             q, k = enc.rotate(q, qp), enc.rotate(k, kp)
         bias = enc(qp, kp).to(q.dtype) if self.kind == "bias" else None  # type: ignore[misc]
+        # SDPA's own causal flag is the fast path, but it cannot be combined with any other
+        # mask or bias, and it assumes positions 0..n-1 for both q and k.
+        fast_causal = (
+            default_positions and q_len == k_len and bias is None and key_padding_mask is None
+        )
         # A boolean mask, True where a key may be seen; SDPA takes it as it is.
         mask = None
-        if self.causal and not (default_positions and q_len == k_len and bias is None):
+        if self.causal and not fast_causal:
             mask = (kp.unsqueeze(-2) - qp.unsqueeze(-1)) <= 0  # (q, k) or (b, q, k)
             mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
         if key_padding_mask is not None:
@@ -297,7 +302,6 @@ class PositionalAttention(nn.Module):
         # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
         gqa = hq != k.shape[1]
         if bias is None and mask is None:
-            # Default positions and equal lengths: the fast causal path.
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
         attn = mask if bias is None else bias
         if bias is not None and mask is not None:

@@ -20,16 +20,19 @@ def _verdict_note(row: dict[str, object]) -> str:
 
 
 def format_table(rows: list[dict[str, object]], width: int = 100) -> str:
-    """Render claim rows as a plain-text table: result, id and claim, then what was measured."""
+    """Render claim rows as plain text, grouped by lesson screen: result, id, claim, measured."""
     passed = sum(bool(r["passed"]) for r in rows)
     corrected = sum(r["verdict"] not in ("holds", "n/a") for r in rows)
     lines = [
         f"posemb verify: {passed}/{len(rows)} claims hold as measured; "
         f"the lesson is wrong or imprecise on {corrected} of them.",
-        "",
     ]
     indent = " " * 7
+    screen = None
     for r in rows:
+        if r["screen"] != screen:
+            screen = r["screen"]
+            lines += ["", f"Screen {screen}: {r['screen_title']}"]
         mark = "PASS" if r["passed"] else "FAIL"
         lines.append(f"{mark}   {r['id']}")
         for key, text in (("", r["claim"]), ("measured: ", r["measured"])):
@@ -45,9 +48,13 @@ def format_table(rows: list[dict[str, object]], width: int = 100) -> str:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .lesson.claims import run_all
+    from .lesson.claims import CLAIMS, run_all
 
-    rows = run_all()
+    if args.list:
+        for c in CLAIMS:
+            print(f"{c.screen}  {c.id}")
+        return 0
+    rows = run_all(args.only)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -274,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print a JSON list of {id, claim, passed, measured, ...} instead of a table",
     )
+    verify.add_argument(
+        "--only", nargs="+", metavar="ID", help="run only these claims (ids from --list)"
+    )
+    verify.add_argument("--list", action="store_true", help="list the claim ids by screen")
     verify.set_defaults(func=_cmd_verify)
 
     from .hf import K_PATTERN, Q_PATTERN
