@@ -871,8 +871,8 @@ def _rope_no_decay() -> Result:
         spread < 5 * noise and fall > 5,
         "RMS logit of 4,096 random pairs (d=128) at distance 0..10,000: "
         + ", ".join(f"{v:.2f}" for v in rms.values())
-        + f" (spread {spread:.1%}, 5 standard errors {5 * noise:.1%}); RoFormer bound {bound[0]:.1f} -> {bound[10_000]:.2f} "
-        f"({fall:.0f}x lower)",
+        + f" (spread {spread:.1%}, 5 standard errors {5 * noise:.1%}); RoFormer bound "
+        f"{bound[0]:.1f} -> {bound[10_000]:.2f} ({fall:.0f}x lower)",
         {"rms": list(rms.values()), "bound": list(bound.values())},
     )
 
