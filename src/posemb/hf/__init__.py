@@ -1,0 +1,78 @@
+"""Hugging Face interop: configs to schedules, a drop-in rotary module, layout conversion.
+
+One module per job, every public name re-exported here (``from posemb import hf``):
+
+- :mod:`posemb.hf.config`: reading ``config.json``/``params.json`` (the only code in posemb
+  that reads model configs): :func:`rope_spec`, :func:`schedule_from_config`,
+  :func:`rotary_from_config`, :func:`attention_shape`, :func:`load_config`.
+- :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding` and :func:`patch_rotary`, the swap into a
+  ``transformers`` model.
+- :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict or a
+  safetensors file.
+- :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
+
+``transformers`` is never imported here; tests compare against it.
+
+Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
+
+1. Angles are formed in float64 (see :mod:`posemb.freqs`); ``transformers`` forms
+   ``inv_freq @ positions`` in float32. The two agree to ~1e-6 at a few thousand positions and
+   drift apart with the position (a float32 angle is off by ~3e-2 rad at 2^20): posemb is the
+   exact one.
+2. Dynamic NTK is a pure function of the current call's length (max position + 1).
+   ``transformers``' module keeps the frequencies of the longest length seen so far for later
+   shorter calls above the original length, so its output depends on call history; vLLM's
+   static variant uses the frequencies of length factor * max_position_embeddings for every
+   length. Both agree with posemb on a fresh module's first call at a given length.
+3. Bad values raise ``ValueError`` naming the key: ``factor < 1``, ``beta_fast <= beta_slow``,
+   ``low_freq_factor >= high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
+   length, an odd rotary dimension. ``transformers`` logs a warning and carries on.
+4. ``original_max_position_embeddings`` is required for yarn, llama3 and longrope (in the rope
+   dict or at the top level, the top level winning as in ``transformers``). ``transformers``
+   silently falls back to ``max_position_embeddings``, which for an extended config is the
+   *extended* length and shifts every band.
+5. ``factor`` is required for linear, dynamic, yarn and llama3; ``transformers`` derives a
+   missing YaRN factor from ``max_position_embeddings / original_max_position_embeddings``.
+   For longrope (Phi-3 configs carry no factor) posemb derives it the same way.
+6. A LongRoPE switch to the long factors mid-generation leaves cached keys rotated with the
+   short ones, in posemb as in ``transformers``; it is documented, not fixed, at this level.
+"""
+
+from __future__ import annotations
+
+from .config import (
+    DEFAULT_THETA,
+    ROPE_TYPES,
+    AttentionShape,
+    RopeSpec,
+    attention_shape,
+    load_config,
+    rope_layer_types,
+    rope_spec,
+    rotary_from_config,
+    schedule_from_config,
+)
+from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
+from .inspect import format_inspect, inspect_report
+from .patch import HFRotaryEmbedding, patch_rotary
+
+__all__ = [
+    "DEFAULT_THETA",
+    "K_PATTERN",
+    "Q_PATTERN",
+    "ROPE_TYPES",
+    "AttentionShape",
+    "HFRotaryEmbedding",
+    "RopeSpec",
+    "attention_shape",
+    "convert_checkpoint",
+    "convert_qk_layout",
+    "format_inspect",
+    "inspect_report",
+    "load_config",
+    "patch_rotary",
+    "rope_layer_types",
+    "rope_spec",
+    "rotary_from_config",
+    "schedule_from_config",
+]
