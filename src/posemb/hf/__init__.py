@@ -36,6 +36,14 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
    For longrope (Phi-3 configs carry no factor) posemb derives it the same way.
 6. A LongRoPE switch to the long factors mid-generation leaves cached keys rotated with the
    short ones, in posemb as in ``transformers``; it is documented, not fixed, at this level.
+7. ``HFRotaryEmbedding`` holds no tensors, so ``.to(torch.bfloat16)`` leaves its frequencies
+   exact. ``transformers``' rotary module keeps ``inv_freq`` in a buffer that ``.to`` rounds to
+   bfloat16: measured on ``LlamaRotaryEmbedding`` (head_dim 128, base 1e4, bfloat16 ``x``,
+   positions 0..2047), its cos then differs from the unmoved module's by up to 1.9; posemb's
+   moved module differs from the unmoved ``transformers`` one by at most one bfloat16 ulp
+   (3.9e-3, where ``transformers``' float32 drift tips a rounding).
+8. A float64 ``x`` gets tables formed and kept in float64; ``transformers`` returns float32
+   tables cast to float64. Other dtypes get float32 tables cast once, as in ``transformers``.
 """
 
 from __future__ import annotations
