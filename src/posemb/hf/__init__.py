@@ -16,9 +16,22 @@ One module per job, every public name re-exported here (``from posemb import hf`
 Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 
 1. Angles are formed in float64 (see :mod:`posemb.freqs`); ``transformers`` forms
-   ``inv_freq @ positions`` in float32. The two agree to ~1e-6 at a few thousand positions and
-   drift apart with the position (a float32 angle is off by ~3e-2 rad at 2^20): posemb is the
-   exact one.
+   ``inv_freq @ positions`` in float32, whose rounding grows with the position: its tables are
+   off by about N * 2^-24 at N positions (a float32 angle is off by ~3e-2 rad at 2^20), posemb's
+   by one float32 rounding. Measured with ``transformers`` 5.24 (``LlamaRotaryEmbedding``,
+   head_dim 128, float32 tables for positions 0..N-1, against ``HFRotaryEmbedding``; "exact" is
+   float64 angles from mpmath frequencies), max abs difference of cos / sin::
+
+       base    N       posemb - transformers   posemb - exact      transformers - exact
+       1e4     2048    1.15e-4 / 1.15e-4       3.0e-8 / 3.0e-8     1.15e-4 / 1.15e-4
+       1e4     8192    4.84e-4 / 4.77e-4       3.0e-8 / 3.0e-8     4.84e-4 / 4.77e-4
+       1e4     32768   1.90e-3 / 1.92e-3       3.0e-8 / 3.0e-8     1.90e-3 / 1.92e-3
+       5e5     2048    1.39e-4 / 1.34e-4       3.0e-8 / 3.0e-8     1.39e-4 / 1.34e-4
+       5e5     8192    5.84e-4 / 5.60e-4       3.0e-8 / 3.0e-8     5.84e-4 / 5.60e-4
+       5e5     32768   2.29e-3 / 2.33e-3       3.0e-8 / 3.0e-8     2.29e-3 / 2.33e-3
+
+   ``tests/test_hf.py::test_float32_tables_drift_in_transformers_not_in_posemb`` holds the
+   difference between 0.5 and 2 times N * 2^-24 and posemb within 2^-24 of exact.
 2. Dynamic NTK is a pure function of the current call's length (max position + 1).
    ``transformers``' module keeps the frequencies of the longest length seen so far for later
    shorter calls above the original length, so its output depends on call history; vLLM's
