@@ -357,7 +357,10 @@ def attention_shape(config: object) -> AttentionShape:
         spec = rope_spec(d)
         head_dim, rotary = spec.head_dim, spec.rotary_dim
     elif d.get("dim") is not None:  # Meta's params.json: every channel of a head rotates
-        head_dim = _int("dim", d["dim"]) // heads
+        dim = _int("dim", d["dim"])
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by n_heads {heads}")
+        head_dim = dim // heads
     return AttentionShape(heads, kv, head_dim, rotary)
 
 
