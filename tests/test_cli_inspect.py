@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from posemb import cli
+from posemb import cli, hf
 
 LLAMA_3_1 = {
     "head_dim": 128,
@@ -87,3 +87,36 @@ def test_inspect_errors_are_one_line(tmp_path, capsys, config, match):
 def test_inspect_missing_file(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path / "none.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_command_prints_the_library_report(tmp_path, capsys):
+    # The command only parses and prints: its JSON and text are hf.inspect_report's.
+    path = write(tmp_path, LLAMA_3_1)
+    report = hf.inspect_report(LLAMA_3_1, seq_len=9000)
+    assert cli.main(["inspect", path, "--json", "--seq-len", "9000"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
+    assert cli.main(["inspect", path, "--seq-len", "9000"]) == 0
+    assert capsys.readouterr().out == hf.format_inspect(report) + "\n"
+
+
+def test_report_checks_seq_len():
+    with pytest.raises(ValueError, match="seq_len must be a positive integer, got 0"):
+        hf.inspect_report(LLAMA_3_1, seq_len=0)
+
+
+def test_report_of_a_per_layer_type_config():
+    config = {
+        "head_dim": 16,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 64,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }
+    full = hf.inspect_report(config, layer_type="full_attention")
+    local = hf.inspect_report(config, layer_type="sliding_attention")
+    assert full["scale"] == pytest.approx([8.0] * 8) and local["scale"] == [1.0] * 8
+    assert "pairs 2-7" in hf.format_inspect(full)  # base 1e6: 2*pi*1e6^(2i/16) > 64 from i = 2
+    with pytest.raises(ValueError, match="pass layer_type"):
+        hf.inspect_report(config)

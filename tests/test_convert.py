@@ -159,3 +159,22 @@ def test_convert_refuses_bad_requests_and_leaves_nothing_behind(tmp_path, capsys
     )
     garbage.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp files
+
+
+def test_layout_conversion_checks_head_counts():
+    t = {"wq.weight": torch.zeros(8, 4), "wk.weight": torch.zeros(8, 4)}
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got 0"):
+        hf.convert_qk_layout(t, "half", 0)
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive integer, got -1"):
+        hf.convert_qk_layout(t, "half", 2, -1)
+    with pytest.raises(ValueError, match="dim 100 is not divisible by n_heads 3"):
+        hf.attention_shape({"dim": 100, "n_heads": 3})
+    assert hf.attention_shape({"dim": 96, "n_heads": 3}).head_dim == 32
+
+
+def test_old_and_new_import_paths_name_the_same_objects():
+    from posemb.hf import convert
+
+    assert hf.convert_checkpoint is convert.convert_checkpoint
+    assert hf.convert_qk_layout is convert.convert_qk_layout
+    assert (hf.Q_PATTERN, hf.K_PATTERN) == (convert.Q_PATTERN, convert.K_PATTERN)

@@ -1,35 +1,12 @@
-"""Hugging Face interop: configs to schedules, a drop-in rotary module, layout conversion.
+"""Reading Hugging Face configs: the RoPE a config describes and its attention shape.
 
-This is the only module that reads model configs. It accepts a ``transformers`` config object
+The only place in posemb that reads model configs. It accepts a ``transformers`` config object
 or a plain ``config.json`` dict, in the 5.x form (``rope_parameters`` holding ``rope_type``,
 ``rope_theta``, ...) and the 4.x form (``rope_scaling`` with ``type``/``rope_type`` beside a
 top-level ``rope_theta``), with ``head_dim`` (or ``hidden_size / num_attention_heads``),
-``partial_rotary_factor`` and ``max_position_embeddings``. ``transformers`` is never imported
-here; tests compare against it.
-
-Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
-
-1. Angles are formed in float64 (see :mod:`posemb.freqs`); ``transformers`` forms
-   ``inv_freq @ positions`` in float32. The two agree to ~1e-6 at a few thousand positions and
-   drift apart with the position (a float32 angle is off by ~3e-2 rad at 2^20): posemb is the
-   exact one.
-2. Dynamic NTK is a pure function of the current call's length (max position + 1).
-   ``transformers``' module keeps the frequencies of the longest length seen so far for later
-   shorter calls above the original length, so its output depends on call history; vLLM's
-   static variant uses the frequencies of length factor * max_position_embeddings for every
-   length. Both agree with posemb on a fresh module's first call at a given length.
-3. Bad values raise ``ValueError`` naming the key: ``factor < 1``, ``beta_fast <= beta_slow``,
-   ``low_freq_factor >= high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
-   length, an odd rotary dimension. ``transformers`` logs a warning and carries on.
-4. ``original_max_position_embeddings`` is required for yarn, llama3 and longrope (in the rope
-   dict or at the top level, the top level winning as in ``transformers``). ``transformers``
-   silently falls back to ``max_position_embeddings``, which for an extended config is the
-   *extended* length and shifts every band.
-5. ``factor`` is required for linear, dynamic, yarn and llama3; ``transformers`` derives a
-   missing YaRN factor from ``max_position_embeddings / original_max_position_embeddings``.
-   For longrope (Phi-3 configs carry no factor) posemb derives it the same way.
-6. A LongRoPE switch to the long factors mid-generation leaves cached keys rotated with the
-   short ones, in posemb as in ``transformers``; it is documented, not fixed, at this level.
+``partial_rotary_factor`` and ``max_position_embeddings``; :func:`attention_shape` also reads
+Meta's ``params.json``. Where the reading deliberately differs from ``transformers`` is listed
+in :mod:`posemb.hf`.
 """
 
 from __future__ import annotations
@@ -37,17 +14,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from . import _checks
-from . import scaling as sc
-from ._io import atomic_write
-from .rope import Layout, RotaryEmbedding, permute_layout
+from .. import _checks
+from .. import scaling as sc
+from ..rope import Layout, RotaryEmbedding
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names none
@@ -125,8 +99,8 @@ def _is_nested(params: object) -> bool:
     )
 
 
-def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dict[str, object]]:
-    """The rope dict and the name to quote in errors."""
+def _raw_rope_params(d: dict[str, object]) -> tuple[str, dict[str, object]]:
+    """The config's rope dict as written (maybe keyed by layer type) and its key, for errors."""
     if d.get("rope_parameters"):
         src, params = "rope_parameters", d["rope_parameters"]
     elif d.get("rope_scaling"):
@@ -135,6 +109,12 @@ def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dic
         src, params = "rope_parameters", {}
     if not isinstance(params, dict):
         raise ValueError(f"{src} must be a JSON object, got {params!r}")
+    return src, params
+
+
+def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dict[str, object]]:
+    """The rope dict of one layer type and the name to quote in errors."""
+    src, params = _raw_rope_params(d)
     if _is_nested(params):
         kinds = ", ".join(repr(k) for k in params)
         if layer_type is None:
@@ -147,6 +127,22 @@ def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dic
     if layer_type is not None:
         raise ValueError(f"layer_type {layer_type!r} given, but {src} is not per layer type")
     return src, dict(params)
+
+
+def rope_layer_types(config: object) -> tuple[str, ...] | None:
+    """The layer types a config gives RoPE to, or None when one RoPE serves every layer.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict.
+
+    Returns:
+        For a rope dict keyed by layer type (Gemma 3 style), its keys whose value is not null,
+        in the config's order; None for a plain rope dict (or none at all).
+    """
+    _, params = _raw_rope_params(_as_dict(config))
+    if not _is_nested(params):
+        return None
+    return tuple(k for k, v in params.items() if v is not None)
 
 
 def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
@@ -327,82 +323,6 @@ def rotary_from_config(config: object, layer_type: str | None = None) -> RotaryE
     )
 
 
-class HFRotaryEmbedding(nn.Module):
-    """Drop-in replacement for a ``transformers`` ``*RotaryEmbedding`` module.
-
-    ``forward(x, position_ids)`` returns ``(cos, sin)``, each ``(batch, seq, rotary_dim)`` in
-    ``x``'s dtype with the attention factor applied, in the full-width HALF form
-    (``cat([cos, cos])``) that ``apply_rotary_pos_emb`` expects. Angles are formed in float64
-    and dynamic schedules are recomputed per call, so no state changes in forward.
-
-    Args:
-        config: the model's config (object or dict).
-    """
-
-    def __init__(self, config: object) -> None:
-        super().__init__()
-        d = _as_dict(config)
-        params = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if _is_nested(params):
-            self.ropes = {
-                lt: rotary_from_config(d, layer_type=lt)
-                for lt, v in params.items()
-                if v is not None
-            }
-        else:
-            self.ropes = {None: rotary_from_config(d)}
-
-    def forward(
-        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables for ``position_ids`` ``(batch, seq)``; ``x`` only gives dtype and device."""
-        if layer_type not in self.ropes:
-            raise ValueError(
-                f"layer_type {layer_type!r} has no RoPE here; known: {list(self.ropes)}"
-            )
-        rope = self.ropes[layer_type]
-        cos, sin = rope.cos_sin(position_ids, dtype=torch.float32, device=x.device)
-        return torch.cat((cos, cos), -1).to(x.dtype), torch.cat((sin, sin), -1).to(x.dtype)
-
-
-def patch_rotary(model: nn.Module) -> list[str]:
-    """Replace every ``transformers`` rotary-embedding module in ``model`` with posemb's.
-
-    This is the supported swap: the model's attention code is untouched and receives the same
-    ``(cos, sin)`` contract, computed by posemb from the model's config.
-
-    Args:
-        model: a ``transformers`` model (e.g. ``LlamaForCausalLM``).
-
-    Returns:
-        The dotted names of the replaced modules.
-    """
-    replaced = []
-    for name, module in list(model.named_modules()):
-        cls = type(module).__name__
-        if not name or not cls.endswith("RotaryEmbedding") or isinstance(module, HFRotaryEmbedding):
-            continue
-        config = getattr(module, "config", None) or getattr(model, "config", None)
-        if config is None:
-            raise ValueError(f"{name} ({cls}) has no config to read its RoPE from")
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        # No buffers to move: the tables are built on the device of each call's input.
-        setattr(parent, attr, HFRotaryEmbedding(config))
-        replaced.append(name)
-    if not replaced:
-        raise ValueError(
-            "no module whose class name ends in 'RotaryEmbedding' was found to replace"
-        )
-    return replaced
-
-
-# --- layout conversion of checkpoints ------------------------------------------------------------
-
-Q_PATTERN = r"(^|\.)(q_proj|wq)\.(weight|bias)$"
-K_PATTERN = r"(^|\.)(k_proj|wk)\.(weight|bias)$"
-
-
 @dataclass(frozen=True)
 class AttentionShape:
     """Head counts and dimensions of q/k projections, read from a config."""
@@ -437,125 +357,21 @@ def attention_shape(config: object) -> AttentionShape:
         spec = rope_spec(d)
         head_dim, rotary = spec.head_dim, spec.rotary_dim
     elif d.get("dim") is not None:  # Meta's params.json: every channel of a head rotates
-        head_dim = _int("dim", d["dim"]) // heads
+        dim = _int("dim", d["dim"])
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by n_heads {heads}")
+        head_dim = dim // heads
     return AttentionShape(heads, kv, head_dim, rotary)
 
 
-def convert_qk_layout(
-    tensors: Mapping[str, torch.Tensor],
-    to: Layout | str,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    rotary_dim: int | None = None,
-    q_pattern: str = Q_PATTERN,
-    k_pattern: str = K_PATTERN,
-) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Permute the q/k projection rows of a state dict for the other RoPE layout.
-
-    Args:
-        tensors: name -> tensor.
-        to: target layout.
-        num_heads: query heads; ``num_kv_heads`` key heads (default: the same).
-        rotary_dim: rotated channels per head; default all.
-        q_pattern, k_pattern: regular expressions (``re.search``) naming q and k tensors.
-
-    Returns:
-        A new dict (unconverted tensors are the same objects) and the converted names.
-    """
-    kv = num_heads if num_kv_heads is None else num_kv_heads
-    try:
-        q_re, k_re = re.compile(q_pattern), re.compile(k_pattern)
-    except re.error as err:
-        raise ValueError(f"q/k pattern is not a valid regular expression: {err}") from None
-    out, converted = dict(tensors), []
-    for name, t in tensors.items():
-        heads = num_heads if q_re.search(name) else kv if k_re.search(name) else None
-        if heads is None:
-            continue
-        if t.shape[0] % heads:
-            raise ValueError(
-                f"tensor {name!r} has {t.shape[0]} rows, not divisible by its head count {heads}; "
-                f"check --num-heads/--num-kv-heads"
-            )
-        out[name] = permute_layout(t, heads, to, rotary_dim).contiguous()
-        converted.append(name)
-    if not converted:
-        raise ValueError(
-            f"no q/k projection tensors found (patterns {q_pattern!r} and {k_pattern!r}); fused "
-            f"qkv weights are not supported, pass --q-pattern/--k-pattern for other names"
-        )
-    if not any(k_re.search(n) for n in converted) or not any(q_re.search(n) for n in converted):
-        missing = "k" if not any(k_re.search(n) for n in converted) else "q"
-        raise ValueError(f"found q/k tensors but no {missing} projection; both must be converted")
-    return out, converted
-
-
-def convert_checkpoint(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    to: Layout | str,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    rotary_dim: int | None = None,
-    q_pattern: str = Q_PATTERN,
-    k_pattern: str = K_PATTERN,
-    overwrite: bool = False,
-) -> list[str]:
-    """Convert a safetensors file's q/k weights to the other layout, written atomically.
-
-    Reads and writes safetensors only (never pickle). Refuses to write over its input, and
-    over an existing ``dst`` unless ``overwrite``. Tensors it does not convert, and the file's
-    metadata, are written back unchanged.
-
-    Returns:
-        The names of the converted tensors.
-    """
-    try:
-        from safetensors import safe_open
-        from safetensors.torch import save_file
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "posemb convert needs the safetensors package: pip install 'posemb[hf]'"
-        ) from None
-    src_p, dst_p = pathlib.Path(src), pathlib.Path(dst)
-    if not src_p.is_file():
-        raise ValueError(f"input {str(src_p)!r} does not exist or is not a file")
-    if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
-        raise ValueError(
-            f"output {str(dst_p)!r} is the input file; posemb never overwrites its input"
-        )
-    if dst_p.exists() and not overwrite:
-        raise ValueError(f"output {str(dst_p)!r} exists; pass --force to replace it")
-    _int("num_heads", num_heads)
-    if num_kv_heads is not None:
-        _int("num_kv_heads", num_kv_heads)
-    try:
-        with safe_open(str(src_p), framework="pt") as f:
-            metadata = f.metadata()
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-    except Exception as err:  # safetensors raises its own error types for bad headers
-        raise ValueError(
-            f"input {str(src_p)!r} is not a readable safetensors file: {err}"
-        ) from None
-    out, converted = convert_qk_layout(
-        tensors, to, num_heads, num_kv_heads, rotary_dim, q_pattern, k_pattern
-    )
-    atomic_write(dst_p, lambda tmp: save_file(out, tmp, metadata=metadata))
-    return converted
-
-
 __all__ = [
-    "K_PATTERN",
-    "Q_PATTERN",
+    "DEFAULT_THETA",
     "ROPE_TYPES",
     "AttentionShape",
-    "HFRotaryEmbedding",
     "RopeSpec",
     "attention_shape",
-    "convert_checkpoint",
-    "convert_qk_layout",
     "load_config",
-    "patch_rotary",
+    "rope_layer_types",
     "rope_spec",
     "rotary_from_config",
     "schedule_from_config",

@@ -1,0 +1,99 @@
+"""Hugging Face interop: configs to schedules, a drop-in rotary module, layout conversion.
+
+One module per job, every public name re-exported here (``from posemb import hf``):
+
+- :mod:`posemb.hf.config`: reading ``config.json``/``params.json`` (the only code in posemb
+  that reads model configs): :func:`rope_spec`, :func:`schedule_from_config`,
+  :func:`rotary_from_config`, :func:`attention_shape`, :func:`load_config`.
+- :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding` and :func:`patch_rotary`, the swap into a
+  ``transformers`` model.
+- :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict or a
+  safetensors file.
+- :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
+
+``transformers`` is never imported here; tests compare against it.
+
+Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
+
+1. Angles are formed in float64 (see :mod:`posemb.freqs`); ``transformers`` forms
+   ``inv_freq @ positions`` in float32, whose rounding grows with the position: its tables are
+   off by about N * 2^-24 at N positions (a float32 angle is off by ~3e-2 rad at 2^20), posemb's
+   by one float32 rounding. Measured with ``transformers`` 5.24 (``LlamaRotaryEmbedding``,
+   head_dim 128, float32 tables for positions 0..N-1, against ``HFRotaryEmbedding``; "exact" is
+   float64 angles from mpmath frequencies), max abs difference of cos / sin::
+
+       base    N       posemb - transformers   posemb - exact      transformers - exact
+       1e4     2048    1.15e-4 / 1.15e-4       3.0e-8 / 3.0e-8     1.15e-4 / 1.15e-4
+       1e4     8192    4.84e-4 / 4.77e-4       3.0e-8 / 3.0e-8     4.84e-4 / 4.77e-4
+       1e4     32768   1.90e-3 / 1.92e-3       3.0e-8 / 3.0e-8     1.90e-3 / 1.92e-3
+       5e5     2048    1.39e-4 / 1.34e-4       3.0e-8 / 3.0e-8     1.39e-4 / 1.34e-4
+       5e5     8192    5.84e-4 / 5.60e-4       3.0e-8 / 3.0e-8     5.84e-4 / 5.60e-4
+       5e5     32768   2.29e-3 / 2.33e-3       3.0e-8 / 3.0e-8     2.29e-3 / 2.33e-3
+
+   ``tests/test_hf.py::test_float32_tables_drift_in_transformers_not_in_posemb`` holds the
+   difference between 0.5 and 2 times N * 2^-24 and posemb within 2^-24 of exact.
+2. Dynamic NTK is a pure function of the current call's length (max position + 1).
+   ``transformers``' module keeps the frequencies of the longest length seen so far for later
+   shorter calls above the original length, so its output depends on call history; vLLM's
+   static variant uses the frequencies of length factor * max_position_embeddings for every
+   length. Both agree with posemb on a fresh module's first call at a given length.
+3. Bad values raise ``ValueError`` naming the key: ``factor < 1``, ``beta_fast <= beta_slow``,
+   ``low_freq_factor >= high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
+   length, an odd rotary dimension. ``transformers`` logs a warning and carries on.
+4. ``original_max_position_embeddings`` is required for yarn, llama3 and longrope (in the rope
+   dict or at the top level, the top level winning as in ``transformers``). ``transformers``
+   silently falls back to ``max_position_embeddings``, which for an extended config is the
+   *extended* length and shifts every band.
+5. ``factor`` is required for linear, dynamic, yarn and llama3; ``transformers`` derives a
+   missing YaRN factor from ``max_position_embeddings / original_max_position_embeddings``.
+   For longrope (Phi-3 configs carry no factor) posemb derives it the same way.
+6. A LongRoPE switch to the long factors mid-generation leaves cached keys rotated with the
+   short ones, in posemb as in ``transformers``; it is documented, not fixed, at this level.
+7. ``HFRotaryEmbedding`` holds no tensors, so ``.to(torch.bfloat16)`` leaves its frequencies
+   exact. ``transformers``' rotary module keeps ``inv_freq`` in a buffer that ``.to`` rounds to
+   bfloat16: measured on ``LlamaRotaryEmbedding`` (head_dim 128, base 1e4, bfloat16 ``x``,
+   positions 0..2047), its cos then differs from the unmoved module's by up to 1.9; posemb's
+   moved module differs from the unmoved ``transformers`` one by at most one bfloat16 ulp
+   (3.9e-3, where ``transformers``' float32 drift tips a rounding).
+8. A float64 ``x`` gets tables formed and kept in float64; ``transformers`` returns float32
+   tables cast to float64. Other dtypes get float32 tables cast once, as in ``transformers``.
+"""
+
+from __future__ import annotations
+
+from .config import (
+    DEFAULT_THETA,
+    ROPE_TYPES,
+    AttentionShape,
+    RopeSpec,
+    attention_shape,
+    load_config,
+    rope_layer_types,
+    rope_spec,
+    rotary_from_config,
+    schedule_from_config,
+)
+from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
+from .inspect import format_inspect, inspect_report
+from .patch import HFRotaryEmbedding, patch_rotary
+
+__all__ = [
+    "DEFAULT_THETA",
+    "K_PATTERN",
+    "Q_PATTERN",
+    "ROPE_TYPES",
+    "AttentionShape",
+    "HFRotaryEmbedding",
+    "RopeSpec",
+    "attention_shape",
+    "convert_checkpoint",
+    "convert_qk_layout",
+    "format_inspect",
+    "inspect_report",
+    "load_config",
+    "patch_rotary",
+    "rope_layer_types",
+    "rope_spec",
+    "rotary_from_config",
+    "schedule_from_config",
+]
