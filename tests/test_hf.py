@@ -93,7 +93,7 @@ def test_schedule_parity_with_transformers(rope_type):
         orig = config["rope_parameters"].get("original_max_position_embeddings", 4096)
         seq_len = rng.choice([None, rng.randint(1, orig), rng.randint(orig + 1, 40 * orig)])
         want, want_factor = transformers_schedule(config, seq_len)
-        got, got_factor = hf.schedule_from_config(config, seq_len=seq_len)
+        got, got_factor = hf.frequencies_from_config(config, seq_len=seq_len)
         assert got.shape == want.shape
         want = want.double()
         nonzero = want != 0
@@ -146,7 +146,7 @@ def test_config_object_and_both_json_forms_agree():
     v4["rope_scaling"] = {k: v for k, v in v5["rope_parameters"].items() if k != "rope_theta"}
     v4["rope_scaling"]["type"] = v4["rope_scaling"].pop("rope_type")
     obj = LlamaConfig(hidden_size=4096, vocab_size=8, **json.loads(json.dumps(v5)))
-    a, b, c = (hf.schedule_from_config(x) for x in (v5, v4, obj))
+    a, b, c = (hf.frequencies_from_config(x) for x in (v5, v4, obj))
     assert torch.equal(a[0], b[0]) and torch.equal(a[0], c[0])
     assert a[1] == b[1] == c[1] == 1.0
     spec = hf.rope_spec(v5)
@@ -166,7 +166,7 @@ def test_phi3_style_longrope_config():
     }
     spec = hf.rope_spec(config)
     assert spec.rotary_dim == 96 and spec.original_context == 4096
-    _, factor = hf.schedule_from_config(config)
+    _, factor = hf.frequencies_from_config(config)
     assert factor == pytest.approx(
         (1 + torch.log(torch.tensor(32.0)) / torch.log(torch.tensor(4096.0))) ** 0.5
     )
@@ -186,8 +186,8 @@ PER_LAYER = {
 
 def test_per_layer_type_config():
     config = PER_LAYER
-    full, _ = hf.schedule_from_config(config, layer_type="full_attention")
-    local, _ = hf.schedule_from_config(config, layer_type="sliding_attention")
+    full, _ = hf.frequencies_from_config(config, layer_type="full_attention")
+    local, _ = hf.frequencies_from_config(config, layer_type="sliding_attention")
     torch.testing.assert_close(full, posemb.inv_freq(16, 1e6, dtype=torch.float64) / 8)
     torch.testing.assert_close(local, posemb.inv_freq(16, 1e4, dtype=torch.float64))
     with pytest.raises(ValueError, match="per layer type"):
@@ -546,7 +546,7 @@ def test_hf_rotary_embedding_moves_and_matches_transformers(kind, move, device):
     for layer_type in layer_types:
         kwargs = {} if layer_type is None else {"layer_type": layer_type}
         got, want = moved(x, pos, **kwargs), theirs(x, pos, **kwargs)
-        factor = hf.schedule_from_config(
+        factor = hf.frequencies_from_config(
             PLAIN if kind == "plain" else PER_LAYER, layer_type=layer_type
         )[1]
         spec = hf.rope_spec(PLAIN if kind == "plain" else PER_LAYER, layer_type)

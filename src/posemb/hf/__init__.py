@@ -1,9 +1,9 @@
-"""Hugging Face interop: configs to schedules, a drop-in rotary module, layout conversion.
+"""Hugging Face interop: configs to RoPE scalings, a drop-in rotary module, layout conversion.
 
 One module per job, every public name re-exported here (``from posemb import hf``):
 
 - :mod:`posemb.hf.config`: reading ``config.json``/``params.json`` (the only code in posemb
-  that reads model configs): :func:`rope_spec`, :func:`schedule_from_config`,
+  that reads model configs): :func:`rope_spec`, :func:`frequencies_from_config`,
   :func:`rotary_from_config`, :func:`attention_shape`, :func:`load_config`.
 - :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding` and :func:`patch_rotary`, the swap into a
   ``transformers`` model.
@@ -67,11 +67,11 @@ from .config import (
     AttentionShape,
     RopeSpec,
     attention_shape,
+    frequencies_from_config,
     load_config,
     rope_layer_types,
     rope_spec,
     rotary_from_config,
-    schedule_from_config,
 )
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
 from .inspect import format_inspect, inspect_report
@@ -89,11 +89,25 @@ __all__ = [
     "convert_checkpoint",
     "convert_qk_layout",
     "format_inspect",
+    "frequencies_from_config",
     "inspect_report",
     "load_config",
     "patch_rotary",
     "rope_layer_types",
     "rope_spec",
     "rotary_from_config",
-    "schedule_from_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The README's name before 0.2, when posemb called scalings "schedules".
+    if name == "schedule_from_config":
+        import warnings
+
+        warnings.warn(
+            "posemb.hf.schedule_from_config is renamed frequencies_from_config",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return frequencies_from_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

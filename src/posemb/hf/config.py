@@ -36,7 +36,7 @@ class RopeSpec:
         head_dim: channels per attention head.
         rotary_dim: channels that rotate (``head_dim`` for proportional RoPE).
         base: ``rope_theta``.
-        scaling: the schedule.
+        scaling: the RoPE scaling.
         max_position_embeddings: as configured (None if absent).
         original_context: the length the model was pre-trained at, when the config says
             (``original_max_position_embeddings``, else ``max_position_embeddings``).
@@ -220,19 +220,19 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
         return None if v is None else _num(f"{src}[{key!r}]", v, minimum=0)
 
     try:
-        schedule: sc.RopeScaling
+        scaling: sc.RopeScaling
         if rope_type == "default":
-            schedule = sc.Default()
+            scaling = sc.Default()
         elif rope_type == "linear":
-            schedule = sc.Linear(factor())
+            scaling = sc.Linear(factor())
         elif rope_type == "dynamic":
             if max_pos is None:
                 raise ValueError(
                     "max_position_embeddings is missing: rope_type 'dynamic' scales from it"
                 )
-            schedule = sc.DynamicNTK(factor(), max_pos)
+            scaling = sc.DynamicNTK(factor(), max_pos)
         elif rope_type == "yarn":
-            schedule = sc.Yarn(
+            scaling = sc.Yarn(
                 factor(),
                 orig,  # type: ignore[arg-type]
                 # transformers reads a null or 0 beta as its default (32 / 1).
@@ -247,7 +247,7 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
             for key in ("low_freq_factor", "high_freq_factor"):
                 if p.get(key) is None:
                     raise ValueError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
-            schedule = sc.Llama3(
+            scaling = sc.Llama3(
                 factor(),
                 _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
                 _num(f"{src}['high_freq_factor']", p["high_freq_factor"], minimum=0, strict=True),
@@ -268,7 +268,7 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
                     f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
                     f"'longrope' needs one of them"
                 )
-            schedule = sc.LongRope(
+            scaling = sc.LongRope(
                 tuple(p["short_factor"]),  # type: ignore[arg-type]
                 tuple(p["long_factor"]),  # type: ignore[arg-type]
                 orig,  # type: ignore[arg-type]
@@ -276,7 +276,7 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
                 attention_factor=opt("attention_factor"),  # type: ignore[arg-type]
             )
         else:  # proportional
-            schedule = sc.Proportional(partial, factor(required=False, default=1.0))
+            scaling = sc.Proportional(partial, factor(required=False, default=1.0))
     except ValueError as err:
         msg = str(err)
         raise ValueError(msg if msg.startswith(src) else f"{src}: {msg}") from None
@@ -286,13 +286,13 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
         head_dim=head_dim,
         rotary_dim=rotary_dim,
         base=base,
-        scaling=schedule,
+        scaling=scaling,
         max_position_embeddings=max_pos,
         original_context=orig if orig is not None else max_pos,
     )
 
 
-def schedule_from_config(
+def frequencies_from_config(
     config: object, seq_len: int | None = None, layer_type: str | None = None
 ) -> tuple[torch.Tensor, float]:
     """``(inv_freq, attention_factor)`` for a config, as ``transformers``' rope init computes.
@@ -370,9 +370,9 @@ __all__ = [
     "AttentionShape",
     "RopeSpec",
     "attention_shape",
+    "frequencies_from_config",
     "load_config",
     "rope_layer_types",
     "rope_spec",
     "rotary_from_config",
-    "schedule_from_config",
 ]

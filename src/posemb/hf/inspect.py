@@ -6,7 +6,7 @@ import math
 
 from ..freqs import wavelengths
 from ..scaling import Default
-from .config import rope_spec, schedule_from_config
+from .config import frequencies_from_config, rope_spec
 
 
 def inspect_report(
@@ -28,7 +28,7 @@ def inspect_report(
         wavelength exceeds the original context.
     """
     spec = rope_spec(config, layer_type)
-    inv, factor = schedule_from_config(config, seq_len, layer_type)
+    inv, factor = frequencies_from_config(config, seq_len, layer_type)
     default, _ = Default().compute(spec.rotary_dim, spec.base)
     ctx = spec.original_context
     inv_l = inv.tolist()
@@ -71,7 +71,7 @@ def format_inspect(r: dict[str, object]) -> str:
         f"original context {num(r['original_context'], ',')} tokens   "
         f"max_position_embeddings {num(r['max_position_embeddings'], ',')}   "
         f"seq_len {num(r['seq_len'], ',')}",
-        f"schedule {r['scaling']}",
+        f"scaling {r['scaling']}",
         "",
         f"{'i':>4}  {'inv_freq':>12}  {'wavelength':>14}  {'scale':>9}  band",
     ]

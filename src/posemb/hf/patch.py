@@ -25,7 +25,7 @@ class HFRotaryEmbedding(nn.Module):
     ``forward(x, position_ids)`` returns ``(cos, sin)``, each ``(batch, seq, rotary_dim)`` in
     ``x``'s dtype with the attention factor applied, in the full-width HALF form
     (``cat([cos, cos])``) that ``apply_rotary_pos_emb`` expects. Angles are formed in float64
-    and dynamic schedules are recomputed per call, so no state changes in forward.
+    and length-dependent scalings are recomputed per call, so no state changes in forward.
 
     The per-layer-type :class:`~posemb.RotaryEmbedding` modules are registered children
     (``ropes``), so ``named_modules``, ``.to()`` and ``state_dict`` see them; they hold no
