@@ -27,6 +27,7 @@ demo: $(VENV)/.installed-demo
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest
@@ -36,4 +37,4 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis build src/*.egg-info

@@ -22,21 +22,20 @@ def positive_int(name: str, value: object) -> int:
 
 def number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
     """Return ``value`` as a float if it is a finite real >= ``minimum`` (> if ``strict``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = value > minimum if strict else value >= minimum
-    if not ok:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        x = float(value)
+        if x > minimum or (not strict and x == minimum):
+            return x
+    rel = ">" if strict else ">="
+    raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
 
 
 def even_int(name: str, value: object) -> int:
     """Return ``value`` if it is a positive even integer (a count of rotated channel pairs)."""
-    positive_int(name, value)
-    if value % 2:
+    n = positive_int(name, value)
+    if n % 2:
         raise ValueError(f"{name} must be even (channels rotate in pairs), got {value!r}")
-    return value
+    return n
 
 
 def base(value: object) -> float:
@@ -66,11 +65,11 @@ def float_tensor(name: str, x: object) -> torch.Tensor:
 
 def float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return ``dtype`` if it is one of the floating dtypes posemb produces."""
-    if dtype not in _FLOAT_DTYPES:
+    if not isinstance(dtype, torch.dtype) or dtype not in _FLOAT_DTYPES:
         raise ValueError(
             f"{name} must be one of float16, bfloat16, float32, float64, got {dtype!r}"
         )
-    return dtype  # type: ignore[return-value]
+    return dtype
 
 
 def positions(
@@ -164,14 +163,14 @@ def within_table(rows: torch.Tensor, size: int, what: str, remedy: str) -> None:
 
 def cos_sin_tables(
     cos: object, sin: object, x: torch.Tensor, dims: tuple[int, ...] = (2, 3)
-) -> int:
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Check cos/sin tables against a tensor ``x`` whose last dimension is head_dim.
 
     The contract every rotation shares: float tensors of one shape with ``dims`` dimensions,
     on ``x``'s device, whose last size n (frequencies) satisfies 1 <= n and 2n <= head_dim.
 
     Returns:
-        n, the number of rotated pairs.
+        ``(cos, sin, n)``, n the number of rotated pairs.
     """
     cos = float_tensor("cos", cos)
     sin = float_tensor("sin", sin)
@@ -190,7 +189,7 @@ def cos_sin_tables(
             f"cos has {n} frequencies, so {2 * n} channels would rotate; allowed is 1 to "
             f"head_dim/2 = {x.shape[-1] // 2}"
         )
-    return n
+    return cos, sin, n
 
 
 def per_token_tables(cos: torch.Tensor, x: torch.Tensor, name: str = "x") -> None:

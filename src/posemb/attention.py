@@ -7,6 +7,7 @@ This is the oracle for the lesson's claims and for faster paths, not a fast path
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +132,7 @@ INPUT_ENCODINGS = ("sinusoidal", "learned")
 
 
 def make_encoding(
-    name: str, num_heads: int, head_dim: int, causal: bool = False, **kwargs: object
+    name: str, num_heads: int, head_dim: int, causal: bool = False, **kwargs: Any
 ) -> nn.Module | None:
     """Build an attention-level encoding by name (None for "nope").
 
@@ -191,7 +192,7 @@ class PositionalAttention(nn.Module):
         num_heads: int,
         head_dim: int,
         causal: bool = False,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
@@ -274,7 +275,9 @@ class PositionalAttention(nn.Module):
             q, k = enc(q, k, qp, k_positions=kp)
         elif isinstance(enc, RotaryEmbedding):
             q, k = enc.rotate(q, qp), enc.rotate(k, kp)
-        bias = enc(qp, kp).to(q.dtype) if self.kind == "bias" else None  # type: ignore[misc]
+        bias = None
+        if isinstance(enc, (AlibiBias, T5Bias, FireBias)):
+            bias = enc(qp, kp).to(q.dtype)
         # SDPA's own causal flag is the fast path, but it cannot be combined with any other
         # mask or bias, and it assumes positions 0..n-1 for both q and k.
         fast_causal = (

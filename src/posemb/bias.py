@@ -8,6 +8,7 @@ key positions only. Every function here builds the bias for the positions at han
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -114,7 +115,7 @@ class AlibiBias(nn.Module):
             "slopes", alibi_slopes(num_heads).to(torch.get_default_dtype()), persistent=False
         )
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> AlibiBias:
         super()._apply(fn, recurse)
         self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device, self.slopes.dtype)
         return self

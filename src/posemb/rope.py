@@ -69,8 +69,8 @@ def _check_rope_input(x: object, cos: object, sin: object) -> tuple[torch.Tensor
         raise ValueError(
             f"x must have shape (batch, heads, seq, head_dim), got shape {tuple(x.shape)}"
         )
-    n = _checks.cos_sin_tables(cos, sin, x)
-    _checks.per_token_tables(cos, x)  # type: ignore[arg-type]
+    cos_t, _, n = _checks.cos_sin_tables(cos, sin, x)
+    _checks.per_token_tables(cos_t, x)
     return x, n
 
 
@@ -440,6 +440,8 @@ class XPos(RotaryEmbedding):
             )
         return 1.0 if role == "query" else -1.0
 
+    # A deliberate break with the parent's signature: a silent default role would give wrong
+    # logits for keys, so callers must say which side they rotate.
     def rotate(  # type: ignore[override]
         self,
         x: torch.Tensor,

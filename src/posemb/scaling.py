@@ -213,6 +213,10 @@ class DynamicNTK(RopeScaling):
         )
 
     def length_key(self, seq_len: int | None) -> Hashable:
+        return self._length(seq_len)
+
+    def _length(self, seq_len: int | None) -> int:
+        """l' = max(l, L): the length the base is grown for."""
         orig = self.original_max_position_embeddings
         return orig if seq_len is None else max(int(seq_len), orig)
 
@@ -220,7 +224,7 @@ class DynamicNTK(RopeScaling):
         self, rotary_dim: int, base: float, seq_len: int | None = None
     ) -> tuple[torch.Tensor, float]:
         _need_pairs("DynamicNTK", rotary_dim, minimum=4)
-        length = self.length_key(seq_len)
+        length = self._length(seq_len)
         s, orig = float(self.factor), self.original_max_position_embeddings
         new_base = _ntk_base(base, s * length / orig - (s - 1), rotary_dim)
         return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import functools
 import io
 import logging
 import platform
@@ -22,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -244,7 +246,7 @@ def _measure(
     dtype_name: str,
     dev: torch.device,
     reps: int,
-    meta: dict[str, object],
+    meta: dict[str, Any],
     progress: Callable[[str], None] | None,
 ) -> list[Row]:
     """Every method on one shape and dtype: forward, and forward+backward where it applies."""
@@ -277,7 +279,7 @@ def _measure(
                 None,
                 first,
                 **meta,
-            )  # type: ignore[arg-type]
+            )
         )
         if progress:
             progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {med:9.3f} ms")
@@ -290,7 +292,7 @@ def _measure(
     grad = torch.randn_like(x)
     for method, (kind, fn) in _methods(x, cos, sin, dev).items():
         with torch.no_grad():
-            first, times = _time(lambda fn=fn: fn(x), dev, reps)
+            first, times = _time(functools.partial(fn, x), dev, reps)
         record("forward", method, first, times, 2 * nbytes)
         if kind == "inplace":
             continue  # in place is the inference path: no autograd

@@ -121,9 +121,10 @@ def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dic
             raise ValueError(f"{src} is given per layer type ({kinds}); pass layer_type")
         if layer_type not in params:
             raise ValueError(f"layer_type {layer_type!r} is not in {src}; allowed: {kinds}")
-        if params[layer_type] is None:
+        entry = params[layer_type]
+        if not isinstance(entry, dict):
             raise ValueError(f"{src}[{layer_type!r}] is null: that layer type has no RoPE")
-        return f"{src}[{layer_type!r}]", dict(params[layer_type])  # type: ignore[arg-type]
+        return f"{src}[{layer_type!r}]", dict(entry)
     if layer_type is not None:
         raise ValueError(f"layer_type {layer_type!r} given, but {src} is not per layer type")
     return src, dict(params)
@@ -174,9 +175,7 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
         hidden, heads = d.get("hidden_size"), d.get("num_attention_heads")
         if hidden is None or heads is None:
             raise ValueError("config needs head_dim, or hidden_size and num_attention_heads")
-        _int("hidden_size", hidden)
-        _int("num_attention_heads", heads)
-        head_dim = hidden // heads  # type: ignore[operator]
+        head_dim = _int("hidden_size", hidden) // _int("num_attention_heads", heads)
     head_dim = _int("head_dim", head_dim)
     partial = p.get("partial_rotary_factor", d.get("partial_rotary_factor"))
     # 0 is meaningful for proportional RoPE (no pair rotates); elsewhere the rotary-dimension
@@ -194,28 +193,28 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
     max_pos = d.get("max_position_embeddings")
     if max_pos is not None:
         max_pos = _int("max_position_embeddings", max_pos)
-    orig = d.get("original_max_position_embeddings")
-    if orig is None:
-        orig = p.get("original_max_position_embeddings")
-    if orig is not None:
-        orig = _int("original_max_position_embeddings", orig)
+    raw_orig = d.get("original_max_position_embeddings")
+    if raw_orig is None:
+        raw_orig = p.get("original_max_position_embeddings")
+    orig = None if raw_orig is None else _int("original_max_position_embeddings", raw_orig)
     if rope_type in ("yarn", "llama3", "longrope") and orig is None:
         raise ValueError(
             f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
             f"the pre-training context length (a positive integer)"
         )
+    original = orig or 0  # set wherever it is read: the check above
 
-    def factor(required: bool = True, default: float | None = None) -> float:
+    def factor(required: bool = True, default: float = 1.0) -> float:
         f = p.get("factor")
         if f is None:
             if required:
                 raise ValueError(
                     f"{src}['factor'] is missing: rope_type {rope_type!r} needs a number >= 1"
                 )
-            return float(default)  # type: ignore[arg-type]
+            return default
         return _num(f"{src}['factor']", f, minimum=1)
 
-    def opt(key: str) -> object:
+    def opt(key: str) -> float | None:
         v = p.get(key)
         return None if v is None else _num(f"{src}[{key!r}]", v, minimum=0)
 
@@ -232,16 +231,19 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
                 )
             scaling = sc.DynamicNTK(factor(), max_pos)
         elif rope_type == "yarn":
+            truncate = p.get("truncate", True)
+            if not isinstance(truncate, bool):
+                raise ValueError(f"{src}['truncate'] must be true or false, got {truncate!r}")
             scaling = sc.Yarn(
                 factor(),
-                orig,  # type: ignore[arg-type]
+                original,
                 # transformers reads a null or 0 beta as its default (32 / 1).
-                beta_fast=opt("beta_fast") or 32.0,  # type: ignore[arg-type]
-                beta_slow=opt("beta_slow") or 1.0,  # type: ignore[arg-type]
-                mscale=opt("mscale"),  # type: ignore[arg-type]
-                mscale_all_dim=opt("mscale_all_dim"),  # type: ignore[arg-type]
-                attention_factor=opt("attention_factor"),  # type: ignore[arg-type]
-                truncate=p.get("truncate", True),  # type: ignore[arg-type]
+                beta_fast=opt("beta_fast") or 32.0,
+                beta_slow=opt("beta_slow") or 1.0,
+                mscale=opt("mscale"),
+                mscale_all_dim=opt("mscale_all_dim"),
+                attention_factor=opt("attention_factor"),
+                truncate=truncate,
             )
         elif rope_type == "llama3":
             for key in ("low_freq_factor", "high_freq_factor"):
@@ -251,29 +253,35 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
                 factor(),
                 _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
                 _num(f"{src}['high_freq_factor']", p["high_freq_factor"], minimum=0, strict=True),
-                orig,  # type: ignore[arg-type]
+                original,
             )
         elif rope_type == "longrope":
+            lists: dict[str, tuple[float, ...]] = {}
             for key in ("short_factor", "long_factor"):
                 v = p.get(key)
-                if not isinstance(v, list) or len(v) != rotary_dim // 2:
+                if isinstance(v, list) and len(v) == rotary_dim // 2:
+                    lists[key] = tuple(
+                        _num(f"{src}[{key!r}][{i}]", x, minimum=0, strict=True)
+                        for i, x in enumerate(v)
+                    )
+                else:
                     got = f"{len(v)} entries" if isinstance(v, list) else repr(v)
                     raise ValueError(
                         f"{src}[{key!r}] must be a list of rotary_dim/2 = {rotary_dim // 2} "
                         f"numbers, got {got}"
                     )
-            derived = None if max_pos is None else max_pos / orig  # type: ignore[operator]
+            derived = None if max_pos is None else max_pos / original
             if p.get("factor") is None and derived is None:
                 raise ValueError(
                     f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
                     f"'longrope' needs one of them"
                 )
             scaling = sc.LongRope(
-                tuple(p["short_factor"]),  # type: ignore[arg-type]
-                tuple(p["long_factor"]),  # type: ignore[arg-type]
-                orig,  # type: ignore[arg-type]
-                factor=max(factor(required=False, default=derived), 1.0),
-                attention_factor=opt("attention_factor"),  # type: ignore[arg-type]
+                lists["short_factor"],
+                lists["long_factor"],
+                original,
+                factor=max(factor(required=False, default=derived or 1.0), 1.0),
+                attention_factor=opt("attention_factor"),
             )
         else:  # proportional
             scaling = sc.Proportional(partial, factor(required=False, default=1.0))

@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 from ..freqs import wavelengths
 from ..scaling import Default
 from .config import frequencies_from_config, rope_spec
 
 
+class InspectReport(TypedDict):
+    """The JSON object ``posemb inspect --json`` prints (see :func:`inspect_report`)."""
+
+    rope_type: str
+    head_dim: int
+    rotary_dim: int
+    base: float
+    attention_factor: float
+    seq_len: int | None
+    original_context: int | None
+    max_position_embeddings: int | None
+    scaling: str
+    inv_freq: list[float]
+    wavelengths: list[float | None]
+    scale: list[float | None]
+    bands: list[str] | None
+    less_than_one_turn: list[int]
+
+
 def inspect_report(
     config: object, seq_len: int | None = None, layer_type: str | None = None
-) -> dict[str, object]:
+) -> InspectReport:
     """Describe a config's RoPE as a JSON-ready dict.
 
     Args:
@@ -59,7 +79,7 @@ def inspect_report(
     }
 
 
-def format_inspect(r: dict[str, object]) -> str:
+def format_inspect(r: InspectReport) -> str:
     """Render :func:`inspect_report` as text: a header and one row per frequency."""
 
     def num(v: object, fmt: str) -> str:
@@ -75,9 +95,9 @@ def format_inspect(r: dict[str, object]) -> str:
         "",
         f"{'i':>4}  {'inv_freq':>12}  {'wavelength':>14}  {'scale':>9}  band",
     ]
-    bands = r["bands"] or [""] * len(r["inv_freq"])  # type: ignore[arg-type]
+    bands = r["bands"] or [""] * len(r["inv_freq"])
     for i, (f, w, s, b) in enumerate(
-        zip(r["inv_freq"], r["wavelengths"], r["scale"], bands, strict=True)  # type: ignore[arg-type]
+        zip(r["inv_freq"], r["wavelengths"], r["scale"], bands, strict=True)
     ):
         lines.append(f"{i:>4}  {f:>12.6e}  {num(w, '>14,.2f')}  {num(s, '>9.4f')}  {b}")
     slow = r["less_than_one_turn"]
@@ -86,8 +106,8 @@ def format_inspect(r: dict[str, object]) -> str:
         lines.append("the config names no context length, so turns per context are not known")
     elif slow:
         lines.append(
-            f"{len(slow)} of {len(r['inv_freq'])} frequencies complete less than one turn within "  # type: ignore[arg-type]
-            f"the original context of {r['original_context']:,} tokens at their unscaled "  # type: ignore[arg-type]
+            f"{len(slow)} of {len(r['inv_freq'])} frequencies complete less than one turn within "
+            f"the original context of {r['original_context']:,} tokens at their unscaled "
             f"wavelength: pairs {_ranges(slow)}"
         )
     else:
@@ -99,12 +119,13 @@ def format_inspect(r: dict[str, object]) -> str:
 
 def _ranges(idx: list[int]) -> str:
     """[3, 4, 5, 9] -> '3-5, 9'."""
-    out, start = [], idx[0]
-    for a, b in zip(idx, [*idx[1:], None], strict=True):
-        if b != a + 1:
-            out.append(f"{start}-{a}" if a != start else f"{a}")
-            start = b
-    return ", ".join(out)
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
-__all__ = ["format_inspect", "inspect_report"]
+__all__ = ["InspectReport", "format_inspect", "inspect_report"]

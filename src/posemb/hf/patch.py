@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import _checks
+from ..rope import RotaryEmbedding
 from .config import rope_layer_types, rotary_from_config
 
 # ModuleDict keys must be non-empty strings; this one holds the RoPE of a config that has one
@@ -71,9 +72,10 @@ class HFRotaryEmbedding(nn.Module):
         if layer_type not in known:
             raise ValueError(f"layer_type {layer_type!r} has no RoPE here; known: {known}")
         rope = self.ropes[_EVERY_LAYER if layer_type is None else layer_type]
+        assert isinstance(rope, RotaryEmbedding)
         # float32 tables cast to x's dtype round exactly as transformers' do; a float64 caller
         # asked for more than float32 can give, and gets the float64 tables.
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = _checks.compute_dtype(x)
         cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
         return torch.cat((cos, cos), -1).to(x.dtype), torch.cat((sin, sin), -1).to(x.dtype)
 

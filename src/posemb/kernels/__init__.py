@@ -105,12 +105,12 @@ class RotaryFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, launcher):  # type: ignore[override]
+    def forward(ctx, q, k, launcher):
         ctx.launcher = launcher
         return launcher(q, k, False, False)
 
     @staticmethod
-    def backward(ctx, grad_q, grad_k):  # type: ignore[override]
+    def backward(ctx, grad_q, grad_k):
         # An output that did not reach the loss has no gradient: stand in zero heads for it.
         gq = grad_q if grad_q is not None else grad_k[:, :0]
         gk = grad_k if grad_k is not None else grad_q[:, :0]

@@ -192,8 +192,10 @@ def launch(
     varlen = cu_seqlens is not None
     half = cos.shape[-1]
     head_dim = q.shape[-1]
-    if varlen:
-        batch, seq_len = cu_seqlens.shape[0] - 1, int(max_seqlen)  # type: ignore[union-attr]
+    if cu_seqlens is not None:
+        if max_seqlen is None:
+            raise ValueError("max_seqlen is required with cu_seqlens")
+        batch, seq_len = cu_seqlens.shape[0] - 1, int(max_seqlen)
     else:
         batch, seq_len = q.shape[0], q.shape[2]
     n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
