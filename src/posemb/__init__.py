@@ -4,7 +4,7 @@ The public API is re-exported here; heavy optional dependencies are imported laz
 modules that need them, so ``import posemb`` costs little beyond ``import torch``.
 """
 
-from . import hf, scaling
+from . import _renamed, hf, scaling
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import (
     PositionalAttention,
@@ -74,14 +74,6 @@ __all__ = [
 ]
 
 # Names the README documented before 0.2, kept working with a DeprecationWarning.
-_RENAMED = {"ALiBi": "AlibiBias", "T5RelativeBias": "T5Bias"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(f"posemb.{name} is renamed posemb.{new}", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module 'posemb' has no attribute {name!r}")
+__getattr__ = _renamed.module_getattr(
+    "posemb", {"ALiBi": "AlibiBias", "T5RelativeBias": "T5Bias"}, globals()
+)

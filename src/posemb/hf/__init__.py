@@ -61,6 +61,7 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 
 from __future__ import annotations
 
+from .. import _renamed
 from .config import (
     DEFAULT_THETA,
     ROPE_TYPES,
@@ -98,16 +99,7 @@ __all__ = [
     "rotary_from_config",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # The README's name before 0.2, when posemb called scalings "schedules".
-    if name == "schedule_from_config":
-        import warnings
-
-        warnings.warn(
-            "posemb.hf.schedule_from_config is renamed frequencies_from_config",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return frequencies_from_config
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The README's name before 0.2, when posemb called scalings "schedules".
+__getattr__ = _renamed.module_getattr(
+    __name__, {"schedule_from_config": "frequencies_from_config"}, globals()
+)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import _checks
+from .. import _checks, _renamed
 from ..rope import Layout, as_layout
 from . import cpu as _cpu
 from . import reference
@@ -389,14 +389,5 @@ __all__ = [
     "triton_unavailable_reason",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # rope_cached was the README's name before 0.2; kept working with a warning.
-    if name == "rope_cached":
-        import warnings
-
-        warnings.warn(
-            "posemb.kernels.rope_cached is renamed rotate_cached", DeprecationWarning, stacklevel=2
-        )
-        return rotate_cached
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# rope_cached was the README's name before 0.2.
+__getattr__ = _renamed.module_getattr(__name__, {"rope_cached": "rotate_cached"}, globals())
