@@ -9,26 +9,31 @@ import torch
 from posemb import cli
 
 
-def test_quick_bench_writes_long_format_csv(tmp_path, capsys):
+def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
     out = tmp_path / "deep" / "results.csv"
-    code = cli.main(["bench", "--quick", "--shapes", "decode", "--repeats", "2", "--out", str(out)])
-    assert code == 0
-    text = capsys.readouterr().out
-    assert "bandwidth: x.mul_(1.0)" in text and "transformers eager" in text
+    argv = ["bench", "--quick", "--shapes", "decode", "--repeats", "2", "--out", str(out)]
+    assert cli.main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "cpu_kernel_load_s" in data["one_off"]
     rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(data["rows"])
     assert {r["dtype"] for r in rows} == {"fp32", "bf16"}
     assert {r["mode"] for r in rows} == {"forward", "backward", "both"}
-    fused = [r for r in rows if r["method"] == "posemb cpu in-place"]
-    assert fused and all(float(r["vs_bandwidth"]) > 0 for r in fused)
+    methods = {r["method"] for r in rows}
+    assert {"bandwidth: x.mul_(1.0)", "transformers eager", "posemb cpu in-place"} <= methods
+    # Ratios are against the reference measured in the same run, row for row.
+    by = {(r["dtype"], r["mode"], r["method"]): r for r in rows}
+    for dtype in ("fp32", "bf16"):
+        fused = by[(dtype, "forward", "posemb cpu in-place")]
+        ref = by[(dtype, "forward", "bandwidth: x.mul_(1.0)")]
+        want = float(fused["median_ms"]) / float(ref["median_ms"])
+        assert float(fused["vs_bandwidth"]) == pytest.approx(want, rel=1e-9)
+        eager = by[(dtype, "forward", "transformers eager")]
+        want = float(eager["median_ms"]) / float(fused["median_ms"])
+        assert float(fused["vs_hf_eager"]) == pytest.approx(want, rel=1e-9)
     for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps"):
         assert rows[0][key] != ""
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_quick_bench_json(capsys):
-    assert cli.main(["bench", "--quick", "--shapes", "decode", "--repeats", "2", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["rows"] and "cpu_kernel_load_s" in data["one_off"]
 
 
 def test_bench_without_gpu_is_a_clear_error(capsys):

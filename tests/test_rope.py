@@ -334,3 +334,18 @@ def test_the_three_forms_share_one_default_layout():
     torch.testing.assert_close(torch.einsum("sij,bhsj->bhsi", mats, x), elementwise, **TOL[F64])
     torch.testing.assert_close(posemb.rope_complex(x, pos, theta), elementwise, **TOL[F64])
     assert posemb.RotaryEmbedding(16).layout is posemb.Layout.HALF
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_rotary_module_survives_dtype_moves(dtype):
+    """RotaryEmbedding keeps no tensors: .to()/.half() cannot degrade its float64 angles."""
+    rope = posemb.RotaryEmbedding(16, scaling=posemb.scaling.Yarn(4.0, 64))
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, 6, 16, generator=g, dtype=F64)
+    pos = torch.tensor([0, 1, 1000, 4095, 65_536, 1 << 20])
+    want = rope.rotate(x, pos)
+    moved = rope.half().to(dtype)
+    assert list(moved.state_dict()) == []
+    got = moved.rotate(x.to(dtype), pos)
+    assert got.dtype == dtype
+    assert_close(got, want, dtype)
