@@ -33,7 +33,7 @@ from .. import scaling as sc
 from .._io import atomic_write, atomic_write_bytes
 from . import corpus as _corpus
 from . import report
-from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, scaling_for
+from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, check_heads, scaling_for
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
 DEFAULT_VARIANTS = ("learned", "sinusoidal", "nope", "alibi", "rope", *SCALINGS)
@@ -96,8 +96,7 @@ class LabConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{_flag(name)} must be a positive integer, got {v!r}")
-        if self.width % self.heads or (self.width // self.heads) % 2:
-            raise ValueError(f"width {self.width} must split into {self.heads} heads of even size")
+        check_heads(self.width, self.heads)
         lens = self.eval_lens
         if not lens or not all(_is_int(n) for n in lens) or list(lens) != sorted(set(lens)):
             raise ValueError(
@@ -116,9 +115,8 @@ class LabConfig:
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"--seeds must not repeat a seed, got {list(seeds)}")
         lr = self.lr
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr):
-            raise ValueError(f"--lr must be a finite number > 0, got {lr!r}")
-        if lr <= 0:
+        number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
+        if not (number and math.isfinite(lr) and lr > 0):
             raise ValueError(f"--lr must be a finite number > 0, got {lr!r}")
         if not isinstance(self.corpus, str) or not self.corpus:
             raise ValueError(
