@@ -128,15 +128,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_lab(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .lab import run as lab
+    from .lab import report, sweep
 
-    base = lab.quick_config() if args.quick else lab.LabConfig()
+    base = sweep.quick_config() if args.quick else sweep.LabConfig()
+    eval_lens = tuple(args.eval_lens) if args.eval_lens else None
+    if args.train_len is not None and eval_lens is None:
+        eval_lens = tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
     overrides = {
         k: v
         for k, v in {
             "variants": tuple(args.variants) if args.variants else None,
             "train_len": args.train_len,
-            "eval_lens": tuple(args.eval_lens) if args.eval_lens else None,
+            "eval_lens": eval_lens,
             "steps": args.steps,
             "seeds": tuple(args.seeds) if args.seeds else None,
             "corpus": args.corpus,
@@ -147,18 +150,14 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         if v is not None
     }
     cfg = dataclasses.replace(base, **overrides)
-    if args.train_len is not None and args.eval_lens is None:
-        cfg = dataclasses.replace(
-            cfg, eval_lens=tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
-        )
     out = args.out or ("lab-quick" if args.quick else "lab-results")
-    summary = lab.run(cfg, out, quiet=args.json)
+    summary = sweep.run(cfg, out, quiet=args.json)
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(lab.markdown(summary))
+        print(report.markdown(summary))
         print(
             f"wrote {out}/results.json, {out}/results.md"
             + "".join(f", {p}" for p in summary.get("plots", []))

@@ -1,9 +1,9 @@
 """A small decoder-only character LM whose positional scheme is any posemb encoding.
 
-Pre-norm blocks (attention, then a 4x GELU MLP), causal attention through
-:class:`posemb.PositionalAttention`. Absolute encodings are added to the token embeddings;
-the others act inside attention. Inference-time RoPE scalings swap the schedule of a trained
-RoPE model without touching its weights (:func:`scaling_for`).
+Pre-norm blocks (attention, then a 4x GELU MLP; :class:`Block`, shared with every lab model),
+causal attention through :class:`posemb.PositionalAttention`. Absolute encodings are added to
+the token embeddings; the others act inside attention. Inference-time RoPE scalings swap the
+schedule of a trained RoPE model without touching its weights (:func:`scaling_for`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import _checks
 from .. import scaling as sc
 from ..absolute import LearnedEmbedding, SinusoidalEmbedding
 from ..attention import PositionalAttention
@@ -37,14 +38,65 @@ class ModelConfig:
     train_len: int = 64
     max_len: int = 1024
 
+    def __post_init__(self) -> None:
+        for name in ("vocab", "width", "layers", "heads", "train_len", "max_len"):
+            _checks.positive_int(name, getattr(self, name))
+        if self.encoding not in TRAINED:
+            raise ValueError(f"encoding must be one of {', '.join(TRAINED)}, got {self.encoding!r}")
+        check_heads(self.width, self.heads)
+        if self.max_len < self.train_len:
+            raise ValueError(
+                f"max_len must be >= train_len {self.train_len} (the learned table needs a row "
+                f"per trained position), got {self.max_len}"
+            )
+
+
+def check_heads(width: int, heads: int) -> None:
+    """Raise ``ValueError`` unless ``width`` splits into ``heads`` heads of even size (RoPE
+    rotates channel pairs)."""
+    if width % heads or (width // heads) % 2:
+        raise ValueError(f"width {width} must split into {heads} heads of even size")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + proj(attention(norm1 x))``, then ``x + mlp(norm2 x)``.
+
+    Every lab model stacks these: the character LM (causal) and the dog-bites-man encoder
+    (bidirectional). ``forward(x (b, s, width), positions=None) -> (b, s, width)``; positions
+    ``(s,)`` or ``(b, s)`` serve both queries and keys (self-attention).
+    """
+
+    def __init__(self, width: int, heads: int, encoding: str, causal: bool) -> None:
+        super().__init__()
+        check_heads(width, heads)
+        self.heads = heads
+        # Registration order fixes the order of initialisation draws and of parameters():
+        # kept as it was so that seeded runs give the same numbers.
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.attn = PositionalAttention(
+            encoding, num_heads=heads, head_dim=width // heads, causal=causal
+        )
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, w = x.shape
+        qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, w // self.heads)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, s, d) each
+        a = self.attn(q, k, v, positions=positions, k_positions=positions)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
+        return x + self.mlp(self.norm2(x))
+
 
 class TinyLM(nn.Module):
     """Character LM: ``forward(tokens (b, s), positions=None) -> logits (b, s, vocab)``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        if cfg.encoding not in TRAINED:
-            raise ValueError(f"unknown encoding {cfg.encoding!r}; known: {', '.join(TRAINED)}")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.width)
         self.input_pos: nn.Module | None = None
@@ -57,25 +109,8 @@ class TinyLM(nn.Module):
         self.randomized = RandomizedPositions(cfg.max_len) if cfg.encoding == "randomized" else None
         if cfg.encoding == "randomized":
             attn_enc = "rope"
-        head_dim = cfg.width // cfg.heads
         self.blocks = nn.ModuleList(
-            nn.ModuleDict(
-                {
-                    "norm1": nn.LayerNorm(cfg.width),
-                    "qkv": nn.Linear(cfg.width, 3 * cfg.width),
-                    "attn": PositionalAttention(
-                        attn_enc, num_heads=cfg.heads, head_dim=head_dim, causal=True
-                    ),
-                    "proj": nn.Linear(cfg.width, cfg.width),
-                    "norm2": nn.LayerNorm(cfg.width),
-                    "mlp": nn.Sequential(
-                        nn.Linear(cfg.width, 4 * cfg.width),
-                        nn.GELU(),
-                        nn.Linear(4 * cfg.width, cfg.width),
-                    ),
-                }
-            )
-            for _ in range(cfg.layers)
+            Block(cfg.width, cfg.heads, attn_enc, causal=True) for _ in range(cfg.layers)
         )
         self.norm = nn.LayerNorm(cfg.width)
         self.out = nn.Linear(cfg.width, cfg.vocab)
@@ -83,9 +118,7 @@ class TinyLM(nn.Module):
     def rotary_modules(self) -> list[RotaryEmbedding]:
         """The RoPE modules of every layer (empty for other encodings)."""
         return [
-            b["attn"].encoding
-            for b in self.blocks
-            if isinstance(b["attn"].encoding, RotaryEmbedding)
+            b.attn.encoding for b in self.blocks if isinstance(b.attn.encoding, RotaryEmbedding)
         ]
 
     def set_scaling(self, scaling: sc.RopeScaling | None) -> None:
@@ -100,13 +133,8 @@ class TinyLM(nn.Module):
         x = self.embed(tokens)  # (b, s, width)
         if self.input_pos is not None:
             x = self.input_pos(x, positions)
-        heads, w = self.cfg.heads, self.cfg.width
         for blk in self.blocks:
-            qkv = blk["qkv"](blk["norm1"](x)).view(b, s, 3, heads, w // heads)
-            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, s, d)
-            a = blk["attn"](q, k, v, positions=positions, k_positions=positions)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, s, w))
-            x = x + blk["mlp"](blk["norm2"](x))
+            x = blk(x, positions)
         return self.out(self.norm(x))
 
 
