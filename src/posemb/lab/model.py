@@ -117,9 +117,8 @@ class TinyLM(nn.Module):
 
     def rotary_modules(self) -> list[RotaryEmbedding]:
         """The RoPE modules of every layer (empty for other encodings)."""
-        return [
-            b.attn.encoding for b in self.blocks if isinstance(b.attn.encoding, RotaryEmbedding)
-        ]
+        encodings = [b.attn.encoding for b in self.blocks if isinstance(b, Block)]
+        return [e for e in encodings if isinstance(e, RotaryEmbedding)]
 
     def set_scaling(self, scaling: sc.RopeScaling | None) -> None:
         """Use another RoPE schedule at inference (position interpolation, NTK, YaRN, ...)."""

@@ -23,6 +23,8 @@ import posemb
 from .._io import atomic_write, atomic_write_bytes
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from .corpus import Corpus
     from .sweep import LabConfig
 
@@ -235,10 +237,10 @@ def _plots(summary: dict, out: str) -> list[str]:
     return written
 
 
-def _save_figure(fig: object, path: str) -> str:
+def _save_figure(fig: Figure, path: str) -> str:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()  # type: ignore[attr-defined]
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
     return path

@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -145,7 +146,7 @@ class LabConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def quick_config(**overrides: object) -> LabConfig:
+def quick_config(**overrides: Any) -> LabConfig:
     """A small protocol that runs in well under a minute: proves the lab works, and still shows
     sinusoidal collapsing past its training length while ALiBi does not."""
     base = LabConfig(
@@ -161,7 +162,7 @@ def quick_config(**overrides: object) -> LabConfig:
         eval_windows=8,
         checkpoint_every=50,
     )
-    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **overrides)
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -331,7 +332,9 @@ def _finetune_pi(
     windows of finetune_len at the same tokens per step, then evaluated with that s (and with
     n / train_len for lengths past finetune_len)."""
     ft = copy.deepcopy(model)
-    length = int(cfg.finetune_len)  # type: ignore[arg-type]
+    if cfg.finetune_len is None:
+        raise ValueError("--finetune-steps needs --finetune-len")  # LabConfig ensures it
+    length = cfg.finetune_len
     s_ft = length / cfg.train_len
     ft.set_scaling(sc.Linear(s_ft))
     batch = max(1, cfg.batch * cfg.train_len // length)
@@ -403,7 +406,7 @@ def _distributed() -> tuple[int, int]:
     return dist.get_rank(), world
 
 
-def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, object] | None:
+def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     """Run (or resume) the sweep into ``out``; write results.json, results.md and plots.
 
     Under ``torchrun`` (gloo, CPU) the jobs are dealt round-robin to the ranks, each rank runs

@@ -54,7 +54,7 @@ class Result:
 
     passed: bool
     measured: str
-    value: float | list[float] | dict[str, object]
+    value: object  # JSON-ready: a number, a list or a dict of them
 
 
 Check = Callable[[], Result]
@@ -265,9 +265,9 @@ def _dog_bites_man_trained() -> Result:
 @claim(
     "attention.dog_bites_man.small_task_memorises",
     1,
-    "On a small task (8 entities, 19 training pairs) the bias-only encodings (ALiBi, T5) fit "
-    "their training pairs but score lower on held-out pairs than on the 16-entity task: they "
-    "memorise pairs instead of learning the rule.",
+    "On a small task (8 entities, 20 training pairs) ALiBi, whose only positional signal is a "
+    "distance penalty, fits its training pairs but loses held-out accuracy against the "
+    "16-entity task: it memorises pairs; T5's learned buckets do not lose it.",
     verdict="n/a",
 )
 def _dog_bites_man_small_task() -> Result:
@@ -275,15 +275,24 @@ def _dog_bites_man_small_task() -> Result:
 
     small = dbm.memorisation()
     big = dbm.accuracy_over_seeds()
-    # Held-out answers of the small task decide how large a drop is beyond noise.
-    se = 0.5 / math.sqrt(len(dbm.make_data(0, entities=8).test_y))
-    rows, ok = [], True
+    # Noise of a held-out mean over every seed's answers on the small task.
+    seeds = len(small["alibi"]["held_out"])
+    se = 0.5 / math.sqrt(seeds * len(dbm.make_data(0, entities=8).test_y))
+    rows, drop = [], {}
     for enc in ("alibi", "t5"):
         train, held = _mean(small[enc]["train"]), _mean(small[enc]["held_out"])
         full = _mean(big[enc])
-        ok = ok and train >= 0.99 and held < full - 3 * se
-        rows.append(f"{enc} train {train:.3f}, held-out {held:.3f} (16 entities: {full:.3f})")
-    return Result(ok, "; ".join(rows) + f"; 3 standard errors = {3 * se:.3f}", small)
+        drop[enc] = full - held
+        rows.append(
+            f"{enc}: train {train:.3f}, held-out {held:.3f} ± {_std(small[enc]['held_out']):.3f} "
+            f"(16 entities {full:.3f})"
+        )
+    ok = min(small["alibi"]["train"]) >= 0.99 and drop["alibi"] > 3 * se and drop["t5"] < 3 * se
+    return Result(
+        ok,
+        "; ".join(rows) + f"; over {seeds} seeds, 3 standard errors = {3 * se:.3f}",
+        {**small, "three_standard_errors": 3 * se},
+    )
 
 
 @claim(
@@ -483,7 +492,8 @@ def _rope_extrapolation() -> Result:
     rises, past, within = _rises_past_training(lab, "rope")
     yarn, _ = _cell(lab, "rope+yarn", longest, "past")
     alibi_rises, alibi_past, alibi_within = _rises_past_training(lab, "alibi")
-    ok = rises and yarn < past[-1] and not alibi_rises
+    reaches_unigram = past[-1] >= 0.95 * lab["unigram_entropy"]
+    ok = rises and reaches_unigram and yarn < past[-1] and not alibi_rises
     return Result(
         ok,
         f"RoPE: within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char "
