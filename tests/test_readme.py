@@ -11,3 +11,11 @@ def test_readme_python_blocks_run():
     assert blocks
     for block in blocks:
         exec(compile(block, str(README), "exec"), {})
+
+
+def test_readme_lists_every_claim():
+    from posemb.lesson import claims
+
+    text = README.read_text(encoding="utf-8")
+    missing = [c.id for c in claims.CLAIMS if f"(`{c.id}`)" not in text]
+    assert not missing
