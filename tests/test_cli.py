@@ -77,6 +77,7 @@ _table, _wavelengths, _counts, _probs = (
     claims._param_counts,
     claims.attention_probs,
 )
+_dpa, _rotation_matrix = claims.dot_product_attention, claims.rotation_matrix
 
 
 def _recency_probs(q, k, causal):
@@ -106,7 +107,33 @@ FAULTS = [
     # A "RoPE" whose output shrinks with position: logits now do decay.
     ("rope.no_decay_for_random_vectors", "RotaryEmbedding", lambda d: _DecayingRope(d)),
     ("attention.causal_same_key_same_weight", "attention_probs", _recency_probs),
+    # An attention that ignores the mask's count: every position sees the same average.
+    (
+        "attention.causal_mask_leaks_position",
+        "dot_product_attention",
+        lambda q, k, v, causal: _dpa(q, k, v, causal=False),
+    ),
+    ("rope.logit_tells_before_from_after", "RotaryEmbedding", lambda d: _PositionBlindRope(d)),
+    # rotation_matrix defaulting to the other pairing than apply_rope and rope_complex.
+    (
+        "rope.three_forms_agree",
+        "rotation_matrix",
+        lambda m, theta, layout="interleaved": _rotation_matrix(m, theta, layout),
+    ),
 ]
+
+
+class _PositionBlindRope(claims.RotaryEmbedding):
+    def rotate(self, x, positions=None, inplace=False):
+        return super().rotate(x, torch.zeros_like(positions))
+
+
+def _all_rows_learned(self, x, positions=None):
+    """A learned table that mixes every row into every position: all rows get gradient."""
+    return _learned_forward(self, x, positions) + self.weight.mean(0)
+
+
+_learned_forward = None
 
 
 class _DecayingRope(claims.RotaryEmbedding):
@@ -121,6 +148,32 @@ def test_each_claim_fails_when_what_it_claims_is_broken(monkeypatch, claim_id, n
     assert not _by_id(claim_id).run()["passed"]
 
 
+def test_learned_rows_claim_fails_when_every_row_is_trained(monkeypatch):
+    from posemb.absolute import LearnedEmbedding
+
+    global _learned_forward
+    _learned_forward = LearnedEmbedding.forward
+    claim = _by_id("absolute.learned_rows_past_training_are_untrained")
+    assert claim.run()["passed"]
+    monkeypatch.setattr(LearnedEmbedding, "forward", _all_rows_learned)
+    assert not claim.run()["passed"]
+
+
+def test_memorisation_claim_fails_without_a_drop(monkeypatch):
+    from posemb.lab import dog_bites_man as dbm
+
+    claim = _by_id("attention.dog_bites_man.small_task_memorises")
+    real = dbm.memorisation(seeds=claims.SMALL_TASK_SEEDS)
+    assert claim.run()["passed"]
+    big = dbm.accuracy_over_seeds()
+    no_drop = {**real, "alibi": {"train": real["alibi"]["train"], "held_out": big["alibi"] * 4}}
+    monkeypatch.setattr(dbm, "memorisation", lambda *a, **k: no_drop)
+    assert not claim.run()["passed"]
+    t5_drops = {**real, "t5": {"train": real["t5"]["train"], "held_out": [0.8] * 10}}
+    monkeypatch.setattr(dbm, "memorisation", lambda *a, **k: t5_drops)
+    assert not claim.run()["passed"]
+
+
 def test_dog_bites_man_claims_fail_on_a_weak_encoding(monkeypatch):
     from posemb.lab import dog_bites_man as dbm
 
@@ -133,9 +186,11 @@ def test_dog_bites_man_claims_fail_on_a_weak_encoding(monkeypatch):
     assert not _by_id("attention.dog_bites_man.trained").run()["passed"]
 
 
-def test_bar_for_above_chance_is_five_standard_errors():
+def test_bar_for_above_chance_is_five_standard_errors_of_independent_answers():
     assert claims._above_chance(100) == pytest.approx(0.75)
-    assert claims._above_chance(288) == pytest.approx(0.5 + 2.5 / math.sqrt(288))
+    # 288 held-out sentences are 72 ordered pairs asked with 4 verbs each.
+    assert claims._independent_answers(288) == 72
+    assert claims._above_chance(72) == pytest.approx(0.5 + 2.5 / math.sqrt(72))
 
 
 def test_verify_json(capsys):

@@ -53,6 +53,8 @@ ENTITIES = (
 )
 VERBS = ("bites", "chases", "sees", "follows")
 VOCAB = ("[CLS]", *ENTITIES, *VERBS)
+CHANCE = 0.5
+"""Held-out accuracy of always naming one of the two entities of a sentence."""
 ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5", "fire")
 LEARNED_ROWS = 8  # a sentence has 4 tokens; 8 rows as first published, so seeds reproduce
 STEPS = 200
@@ -238,6 +240,3 @@ def _scores(jobs: list[tuple[str, int, int]]) -> list[tuple[float, float]]:
         done = [train_and_score(*j) for j in missing]
     _SCORES.update(zip(missing, done, strict=True))
     return [_SCORES[j] for j in jobs]
-
-
-CHANCE = 0.5

@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
 import multiprocessing as mp
 import os
 import time
@@ -30,6 +29,7 @@ import torch
 
 import posemb
 
+from .. import _checks
 from .. import scaling as sc
 from .._io import atomic_write, atomic_write_bytes
 from . import corpus as _corpus
@@ -94,9 +94,7 @@ class LabConfig:
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"--variants must not repeat a variant, got {list(self.variants)}")
         for name in (*_POSITIVE, "checkpoint_every", "workers"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"{_flag(name)} must be a positive integer, got {v!r}")
+            _checks.positive_int(_flag(name), getattr(self, name))
         check_heads(self.width, self.heads)
         lens = self.eval_lens
         if not lens or not all(_is_int(n) for n in lens) or list(lens) != sorted(set(lens)):
@@ -115,10 +113,7 @@ class LabConfig:
             )
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"--seeds must not repeat a seed, got {list(seeds)}")
-        lr = self.lr
-        number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
-        if not (number and math.isfinite(lr) and lr > 0):
-            raise ValueError(f"--lr must be a finite number > 0, got {lr!r}")
+        _checks.number("--lr", self.lr, minimum=0.0, strict=True)
         if not isinstance(self.corpus, str) or not self.corpus:
             raise ValueError(
                 f"--corpus must be {_corpus.DEFAULT!r} or a path to a UTF-8 text file, got "

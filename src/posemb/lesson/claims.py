@@ -17,6 +17,7 @@ measured, not a number typed here.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -126,15 +127,12 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
+    return statistics.fmean(xs)
 
 
 def _std(xs: Sequence[float]) -> float:
     """Sample standard deviation (0 for a single value)."""
-    if len(xs) < 2:
-        return 0.0
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def _self_attention(x: torch.Tensor, w: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -230,12 +228,23 @@ def _dog_bites_man_with_positions() -> Result:
     )
 
 
-def _above_chance(n_test: int) -> float:
-    """Accuracy a coin at 50% reaches with probability < 3e-7 on ``n_test`` answers.
+def _above_chance(n_independent: int) -> float:
+    """Accuracy a coin at 50% reaches with probability < 3e-7 on ``n_independent`` answers.
 
     Five standard errors of a fair coin, 0.5 / sqrt(n): "clearly above chance" as a number.
     """
-    return 0.5 + 5 * 0.5 / math.sqrt(n_test)
+    return 0.5 + 5 * 0.5 / math.sqrt(n_independent)
+
+
+def _independent_answers(n_sentences: int) -> int:
+    """Held-out answers that can be wrong independently: one per ordered pair (A, B).
+
+    The four verbs of one ordered pair ask the same question (who acts, A or B), so their
+    answers are counted once; this makes the bar stricter, not looser.
+    """
+    from ..lab import dog_bites_man as dbm
+
+    return n_sentences // len(dbm.VERBS)
 
 
 @claim(
@@ -250,7 +259,7 @@ def _dog_bites_man_trained() -> Result:
 
     acc = dbm.accuracy_over_seeds()
     nope = acc.pop("nope")
-    bar = _above_chance(len(dbm.make_data(0).test_y))
+    bar = _above_chance(_independent_answers(len(dbm.make_data(0).test_y)))
     worst = min(min(v) for v in acc.values())
     shown = ", ".join(f"{k} {_mean(v):.3f} ± {_std(v):.3f}" for k, v in acc.items())
     return Result(
@@ -262,36 +271,44 @@ def _dog_bites_man_trained() -> Result:
     )
 
 
+SMALL_TASK_SEEDS = tuple(range(10))  # small-task runs are cheap (~1 s); the effect is ~0.1
+
+
+def _drop_beyond_noise(big: Sequence[float], small: Sequence[float]) -> tuple[float, float]:
+    """(mean(big) - mean(small), its standard error from the seed-to-seed spread of each)."""
+    se = math.sqrt(_std(big) ** 2 / len(big) + _std(small) ** 2 / len(small))
+    return _mean(big) - _mean(small), se
+
+
 @claim(
     "attention.dog_bites_man.small_task_memorises",
     1,
     "On a small task (8 entities, 20 training pairs) ALiBi, whose only positional signal is a "
-    "distance penalty, fits its training pairs but loses held-out accuracy against the "
+    "distance penalty, fits every training sentence but loses held-out accuracy against the "
     "16-entity task: it memorises pairs; T5's learned buckets do not lose it.",
     verdict="n/a",
 )
 def _dog_bites_man_small_task() -> Result:
     from ..lab import dog_bites_man as dbm
 
-    small = dbm.memorisation()
+    small = dbm.memorisation(seeds=SMALL_TASK_SEEDS)
     big = dbm.accuracy_over_seeds()
-    # Noise of a held-out mean over every seed's answers on the small task.
-    seeds = len(small["alibi"]["held_out"])
-    se = 0.5 / math.sqrt(seeds * len(dbm.make_data(0, entities=8).test_y))
-    rows, drop = [], {}
+    rows, ok = [], True
     for enc in ("alibi", "t5"):
-        train, held = _mean(small[enc]["train"]), _mean(small[enc]["held_out"])
-        full = _mean(big[enc])
-        drop[enc] = full - held
+        drop, se = _drop_beyond_noise(big[enc], small[enc]["held_out"])
+        fits = min(small[enc]["train"]) == 1.0
+        # Three standard errors of the difference: a drop, or none, beyond seed noise.
+        ok = ok and fits and (drop > 3 * se if enc == "alibi" else drop < 3 * se)
         rows.append(
-            f"{enc}: train {train:.3f}, held-out {held:.3f} ± {_std(small[enc]['held_out']):.3f} "
-            f"(16 entities {full:.3f})"
+            f"{enc}: train {_mean(small[enc]['train']):.3f}, held-out "
+            f"{_mean(small[enc]['held_out']):.3f} ± {_std(small[enc]['held_out']):.3f} "
+            f"(16 entities {_mean(big[enc]):.3f}; drop {drop:.3f}, 3 standard errors "
+            f"{3 * se:.3f})"
         )
-    ok = min(small["alibi"]["train"]) >= 0.99 and drop["alibi"] > 3 * se and drop["t5"] < 3 * se
     return Result(
         ok,
-        "; ".join(rows) + f"; over {seeds} seeds, 3 standard errors = {3 * se:.3f}",
-        {**small, "three_standard_errors": 3 * se},
+        "; ".join(rows) + f"; {len(SMALL_TASK_SEEDS)} seeds small, {len(big['alibi'])} large",
+        small,
     )
 
 
@@ -421,20 +438,38 @@ def _cell(summary: dict, variant: str, n: int, part: str) -> tuple[float, float]
     return float(e["mean"]), float(e.get("std") or 0.0)
 
 
-def _rises_past_training(summary: dict, variant: str) -> tuple[bool, list[float], float]:
-    """Is the loss past the training length above the loss within it, beyond seed noise, at
-    every evaluated length? Returns (verdict, past means, within mean)."""
+def _past_vs_within(summary: dict, variant: str) -> tuple[list[bool], list[float], float]:
+    """Per evaluated length past training: is the loss past the training length above the loss
+    within it, beyond seed noise? Returns (one verdict per length, past means, within mean).
+
+    Noise is two standard deviations of the difference of single runs (seed spreads added in
+    quadrature): stricter than the standard error of a mean over seeds.
+    """
     train = summary["config"]["train_len"]
     within, w_std = _cell(summary, variant, train, "all")
-    past, rises = [], True
+    verdicts, past = [], []
     for n in summary["config"]["eval_lens"]:
         if n == train:
             continue
         m, s = _cell(summary, variant, n, "past")
         past.append(m)
-        # Two standard deviations of the difference of two seed means.
-        rises = rises and m - within > 2 * math.hypot(s, w_std)
-    return rises, past, within
+        verdicts.append(m - within > 2 * math.hypot(s, w_std))
+    return verdicts, past, within
+
+
+def _context_kept(summary: dict, variant: str, n: int) -> float:
+    """The share of what context is worth within the training length that a model keeps past
+    it, at eval length ``n``: (unigram - loss past) / (unigram - loss within). 1 keeps it all
+    (ALiBi), 0 is a model that ignores context, below 0 is worse than ignoring it."""
+    unigram = summary["unigram_entropy"]
+    within, _ = _cell(summary, variant, summary["config"]["train_len"], "all")
+    past, _ = _cell(summary, variant, n, "past")
+    return (unigram - past) / (unigram - within)
+
+
+IGNORES_CONTEXT = 0.1
+"""A model that keeps less than a tenth of the within-training gain is treated as one that
+ignores context ("about the unigram entropy")."""
 
 
 def _lab_conditions(summary: dict) -> str:
@@ -456,23 +491,48 @@ def _param_counts() -> dict[str, int]:
     return counts
 
 
+def _learned_row_gradients(window: int = 16) -> tuple[float, float]:
+    """One training step of the lab's LM with a 64-row learned table on ``window``-token
+    windows: (smallest gradient norm of rows < window, largest of rows >= window)."""
+    from ..absolute import LearnedEmbedding
+    from ..lab.model import ModelConfig, TinyLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab=80, encoding="learned", width=32, layers=1, heads=2, max_len=64)
+        model = TinyLM(cfg)
+    table = model.input_pos
+    assert isinstance(table, LearnedEmbedding)
+    tokens = torch.randint(0, 80, (8, window + 1), generator=_gen(14))
+    logits = model(tokens[:, :-1])
+    torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:]).backward()
+    assert table.weight.grad is not None
+    norms = table.weight.grad.norm(dim=-1)
+    return float(norms[:window].min()), float(norms[window:].max())
+
+
 @claim(
     "absolute.learned_rows_past_training_are_untrained",
     3,
-    "A learned table has no trained vector past its training length: evaluated longer, the "
-    "lab's learned-position model loses more past that length than within it, at every length.",
+    "A learned table gets no training signal past the training length: the gradient reaches "
+    "every row a training window covers and exactly none beyond, and evaluated longer the lab's "
+    "learned-position model loses more past that length than within it, at every length. A "
+    "table of T_max rows has no row past it; a larger one has rows that were never trained.",
     verdict="incomplete",
-    lesson_says="position t = 2049 has no learned vector (a table has no row past T_max, "
-    "but a larger table has rows that were simply never trained, with the same effect)",
+    lesson_says="If trained on context window T_(max) = 2048, position t = 2049 has no learned "
+    "vector",
 )
 def _learned_past_length() -> Result:
     lab = _lab()
-    rises, past, within = _rises_past_training(lab, "learned")
+    rises, past, within = _past_vs_within(lab, "learned")
+    trained, untrained = _learned_row_gradients()
     return Result(
-        rises,
-        f"learned: loss within {lab['config']['train_len']} tokens {within:.2f}, past it "
+        all(rises) and trained > 0 and untrained == 0.0,
+        f"one step on 16-token windows, 64-row table: smallest gradient norm of rows 0-15 "
+        f"{trained:.1e}, largest of rows 16-63 {untrained:.1e}; lab: loss within "
+        f"{lab['config']['train_len']} tokens {within:.2f}, past it "
         f"{', '.join(f'{m:.2f}' for m in past)} nats/char ({_lab_conditions(lab)})",
-        {"within": within, "past": past},
+        {"within": within, "past": past, "grad_trained": trained, "grad_untrained": untrained},
     )
 
 
@@ -480,8 +540,9 @@ def _learned_past_length() -> Result:
     "rope.extrapolation_is_not_native",
     3,
     "RoPE alone does not extrapolate: past the training length the lab's RoPE model loses more "
-    "than within it, reaching the unigram entropy; frequency scaling (YaRN, no fine-tuning) "
-    "recovers part of the loss, and ALiBi's loss does not rise at all.",
+    "than within it at every length and keeps under a tenth of what context is worth at 16x "
+    "(about the unigram entropy); frequency scaling "
+    "(YaRN, no fine-tuning) recovers part of the loss, and ALiBi's loss rises at no length.",
     verdict="overstated",
     lesson_says="RoPE allows these models to natively extrapolate from 8k training contexts "
     "to 128k+ production context windows via simple frequency scaling",
@@ -489,17 +550,28 @@ def _learned_past_length() -> Result:
 def _rope_extrapolation() -> Result:
     lab = _lab()
     longest = lab["config"]["eval_lens"][-1]
-    rises, past, within = _rises_past_training(lab, "rope")
-    yarn, _ = _cell(lab, "rope+yarn", longest, "past")
-    alibi_rises, alibi_past, alibi_within = _rises_past_training(lab, "alibi")
-    reaches_unigram = past[-1] >= 0.95 * lab["unigram_entropy"]
-    ok = rises and reaches_unigram and yarn < past[-1] and not alibi_rises
+    rises, past, within = _past_vs_within(lab, "rope")
+    rope_m, rope_s = _cell(lab, "rope", longest, "past")
+    yarn_m, yarn_s = _cell(lab, "rope+yarn", longest, "past")
+    alibi_rises, alibi_past, alibi_within = _past_vs_within(lab, "alibi")
+    ok = (
+        all(rises)
+        and _context_kept(lab, "rope", longest) < IGNORES_CONTEXT
+        and yarn_m + 2 * math.hypot(yarn_s, rope_s) < rope_m
+        and not any(alibi_rises)
+    )
     return Result(
         ok,
         f"RoPE: within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char "
-        f"(unigram {lab['unigram_entropy']:.2f}); RoPE+YaRN at {longest}: {yarn:.2f}; ALiBi "
+        f"(unigram {lab['unigram_entropy']:.2f}; context kept at {longest}: "
+        f"{_context_kept(lab, 'rope', longest):.0%}); RoPE+YaRN at {longest}: {yarn_m:.2f}; ALiBi "
         f"within {alibi_within:.2f}, past {max(alibi_past):.2f} at most ({_lab_conditions(lab)})",
-        {"rope_past": past, "rope_within": within, "yarn_longest": yarn, "alibi_past": alibi_past},
+        {
+            "rope_past": past,
+            "rope_within": within,
+            "yarn_longest": yarn_m,
+            "alibi_past": alibi_past,
+        },
     )
 
 
@@ -690,7 +762,9 @@ def _fastest_pair_period() -> Result:
     lesson_says="Couple 384 spins like a giant grandfather clock (one spin every 10,000 steps)",
 )
 def _slowest_pair_period() -> Result:
-    stated = 61_342.7  # the lesson's own figure for channel 383 on its sinusoid screen
+    # The lesson's own figure for channel 383 on its sinusoid screen; 0.05 is half a unit in
+    # its last quoted place.
+    stated = 61_342.7
     # 1000 steps turn the slowest pair ~0.1 rad: far below pi, so the unwrap is exact.
     period = 2 * math.pi / _turns_per_step(768, 383, torch.arange(0, 70_000, 1000))
     return Result(
@@ -706,10 +780,10 @@ def _slowest_pair_period() -> Result:
     "rope.layouts_are_different_pairings",
     8,
     "rotate_half pairs channel j with j + d/2, not (2i-1, 2i) as the Givens matrix on the "
-    "same screen does; the two agree only after permuting channels.",
+    "same screen does; the two agree only after permuting channels, and the lesson does not "
+    "say which pairing it means.",
     verdict="incomplete",
-    lesson_says="x_rotated = x * cos(m theta) + rotate_half(x) * sin(m theta), beside a "
-    "Givens matrix on planes (2i-1, 2i), with no word on the pairing",
+    lesson_says="x_(rotated) = x ⊙ cos(mθ) + rotate_half(x) ⊙ sin(mθ)",
 )
 def _layouts_differ() -> Result:
     g = _gen(10)
@@ -910,21 +984,23 @@ def _absolute_parameters() -> Result:
     "sinusoidal.extrapolation_is_not_enabled",
     9,
     "A fixed sinusoidal table does not make a model extrapolate: past its training length the "
-    "lab's sinusoidal model loses more than within it, at every length, about as much as a "
-    "model that ignores context (the unigram entropy).",
+    "lab's sinusoidal model loses more than within it at every length and keeps under a tenth "
+    "of what context is worth within it (about the unigram entropy).",
     verdict="overstated",
     lesson_says="Fixed, deterministic, enables relative distance extrapolation",
 )
 def _sinusoidal_extrapolation() -> Result:
     lab = _lab()
-    rises, past, within = _rises_past_training(lab, "sinusoidal")
+    rises, past, within = _past_vs_within(lab, "sinusoidal")
     unigram = lab["unigram_entropy"]
+    lens = [n for n in lab["config"]["eval_lens"] if n != lab["config"]["train_len"]]
+    kept = [_context_kept(lab, "sinusoidal", n) for n in lens]
     return Result(
-        rises and min(past) > 0.9 * unigram,
+        all(rises) and max(kept) < IGNORES_CONTEXT,
         f"sinusoidal: loss within {lab['config']['train_len']} tokens {within:.2f}, past it "
-        f"{', '.join(f'{m:.2f}' for m in past)}; unigram entropy {unigram:.2f} nats/char "
-        f"({_lab_conditions(lab)})",
-        {"within": within, "past": past, "unigram": unigram},
+        f"{', '.join(f'{m:.2f}' for m in past)}; unigram entropy {unigram:.2f} nats/char; "
+        f"context kept {', '.join(f'{k:.0%}' for k in kept)} ({_lab_conditions(lab)})",
+        {"within": within, "past": past, "unigram": unigram, "context_kept": kept},
     )
 
 
