@@ -254,3 +254,12 @@ def test_vllm_ntk_is_not_bloc97_ntk(factor):
         assert float((got[:-1] - bloc97[:-1]).abs().min()) > 0
     with pytest.raises(ValueError, match=r"VllmNTK\.factor must be a finite number >= 1"):
         sc.VllmNTK(0.5)
+
+
+def test_vllm_ntk_by_hand():
+    """vLLM's steps done by hand at d = 4, b = 1e4, s = 4: base' = 4e4, inv = 1 / base'^(i/2)
+    = [1, 0.005], divided by s^(2/d) = 2."""
+    got, _ = sc.VllmNTK(4.0).compute(4, 10000.0)
+    assert got.tolist() == pytest.approx([0.5, 0.0025], rel=1e-15)
+    with pytest.raises(ValueError):
+        sc.VllmNTK(0.5)
