@@ -259,14 +259,14 @@ def test_patched_llama_gives_the_same_logits_beyond_the_original_length(rope_typ
         assert float((model(ids).logits - want).abs().max()) > 1e-2
 
 
-def test_from_hf_builds_the_module():
+def test_rotary_from_config_builds_the_module():
     config = {
         "hidden_size": 256,
         "num_attention_heads": 4,
         "partial_rotary_factor": 0.5,
         "rope_theta": 1e4,
     }
-    rope = posemb.RotaryEmbedding.from_hf(config)
+    rope = hf.rotary_from_config(config)
     assert (rope.head_dim, rope.rotary_dim, rope.layout, rope.scaling) == (
         64,
         32,

@@ -5,6 +5,7 @@ modules that need them, so ``import posemb`` costs little beyond ``import torch`
 """
 
 from . import _renamed, hf, scaling
+from ._version import __version__
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import (
     PositionalAttention,
@@ -35,8 +36,6 @@ from .rope import (
     rotation_matrix,
     xpos_zeta,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AlibiBias",

@@ -20,92 +20,15 @@ Three forms of the same rotation live here: :func:`apply_rope` (elementwise, the
 from __future__ import annotations
 
 import collections
-import enum
 
 import torch
 from torch import nn
 
-from . import _checks
+from . import _checks, kernels
 from . import scaling as _scaling
 from .freqs import angles, cos_sin
-
-
-class Layout(str, enum.Enum):
-    """Which channels of a head form a rotation plane."""
-
-    HALF = "half"
-    """Channel j pairs with j + r/2 (GPT-NeoX / Llama ``rotate_half``)."""
-    INTERLEAVED = "interleaved"
-    """Channel 2j pairs with 2j + 1 (RoFormer / GPT-J / Meta)."""
-
-
-def as_layout(layout: object) -> Layout:
-    """Return ``layout`` as a :class:`Layout`, accepting its string value."""
-    try:
-        return Layout(layout)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in Layout)
-        raise ValueError(f"layout must be a posemb.Layout ({allowed}), got {layout!r}") from None
-
-
-def _pairs(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split the last dimension (size r) into the two coordinates of each plane, ``(..., r/2)``."""
-    n = x.shape[-1] // 2
-    if layout is Layout.HALF:
-        return x[..., :n], x[..., n:]
-    return x[..., 0::2], x[..., 1::2]
-
-
-def _unpairs(a: torch.Tensor, b: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Inverse of :func:`_pairs`: two ``(..., r/2)`` tensors back to ``(..., r)``."""
-    if layout is Layout.HALF:
-        return torch.cat((a, b), dim=-1)
-    return torch.stack((a, b), dim=-1).flatten(-2)
-
-
-def _check_rope_input(x: object, cos: object, sin: object) -> tuple[torch.Tensor, int]:
-    x = _checks.float_tensor("x", x)
-    if x.dim() != 4:
-        raise ValueError(
-            f"x must have shape (batch, heads, seq, head_dim), got shape {tuple(x.shape)}"
-        )
-    cos_t, _, n = _checks.cos_sin_tables(cos, sin, x)
-    _checks.per_token_tables(cos_t, x)
-    return x, n
-
-
-def apply_rope(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: Layout | str = Layout.HALF,
-) -> torch.Tensor:
-    """Rotate the first r channels of every head by the angles whose cos and sin are given.
-
-    The plain reference that every fast path is tested against: for each plane (a, b),
-    a' = a cos - b sin and b' = b cos + a sin. The arithmetic runs in float32 (float64 for
-    float64 input) and the result is rounded once to ``x``'s dtype, so half-precision inputs
-    are not rounded between the two products.
-
-    Args:
-        x: ``(batch, heads, seq, head_dim)``.
-        cos: ``(seq, r/2)`` or ``(batch, seq, r/2)``, with r <= head_dim.
-        sin: same shape as ``cos``.
-        layout: which channels form a plane (:class:`Layout`).
-
-    Returns:
-        Tensor shaped and typed like ``x``; channels ``r:`` pass through unchanged.
-    """
-    x, n = _check_rope_input(x, cos, sin)
-    lay = as_layout(layout)
-    compute = _checks.compute_dtype(x)
-    # (seq, n) -> (1, 1, seq, n); (batch, seq, n) -> (batch, 1, seq, n): broadcast over heads.
-    c = cos.to(compute)
-    s = sin.to(compute)
-    c, s = (c[None, None], s[None, None]) if c.dim() == 2 else (c[:, None], s[:, None])
-    a, b = _pairs(x[..., : 2 * n].to(compute), lay)
-    rotated = _unpairs(a * c - b * s, b * c + a * s, lay).to(x.dtype)
-    return torch.cat((rotated, x[..., 2 * n :]), dim=-1)
+from .kernels.layout import Layout, as_layout, pairs, unpairs
+from .kernels.reference import apply_rope
 
 
 def rotation_matrix(
@@ -175,10 +98,10 @@ def rope_complex(
             f"{pos.shape[0]} positions and {inv_freq.shape[0]} frequencies, "
             f"got shape {tuple(x.shape)}"
         )
-    a, b = _pairs(x.to(torch.float64), lay)
+    a, b = pairs(x.to(torch.float64), lay)
     theta = angles(pos, inv_freq).to(x.device)
     z = torch.complex(a, b) * torch.polar(torch.ones_like(theta), theta)
-    return _unpairs(z.real, z.imag, lay).to(x.dtype)
+    return unpairs(z.real, z.imag, lay).to(x.dtype)
 
 
 _TABLES: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collections.OrderedDict()
@@ -242,26 +165,11 @@ class RotaryEmbedding(nn.Module):
         self.base = _checks.base(base)
         self.layout = as_layout(layout)
         self.scaling = _scaling.check(scaling)
-        from .kernels import BACKENDS
-
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend not in kernels.BACKENDS:
+            raise ValueError(
+                f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
+            )
         self.backend = backend
-
-    @classmethod
-    def from_hf(cls, config: object, layer_type: str | None = None) -> RotaryEmbedding:
-        """Build the rotary embedding a Hugging Face config describes (see :mod:`posemb.hf`).
-
-        Args:
-            config: a ``transformers`` config object or a ``config.json`` dict.
-            layer_type: for configs with per-layer-type RoPE (e.g. "sliding_attention").
-
-        Returns:
-            A ``RotaryEmbedding`` in ``Layout.HALF``, the layout of Hugging Face weights.
-        """
-        from . import hf
-
-        return hf.rotary_from_config(config, layer_type=layer_type)
 
     def cos_sin(
         self,
@@ -335,8 +243,6 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(q, k)`` rotated, each with its input's shape and dtype.
         """
-        from . import kernels
-
         q = self._check("q", q)
         k = self._check("k", k)
         if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-import posemb
-
 from .. import kernels
 from .._io import atomic_write_bytes
+from .._version import __version__
+from ..kernels.reference import apply_rope
+from ..rope import RotaryEmbedding
 
 logger = logging.getLogger("posemb.bench")
 
@@ -119,7 +120,7 @@ def _methods(
             "outofplace",
             lambda t: kernels.rotate(t, t[:, :0], cos, sin, backend=fused)[0],
         ),
-        "posemb reference": ("outofplace", lambda t: posemb.apply_rope(t, cos, sin)),
+        "posemb reference": ("outofplace", lambda t: apply_rope(t, cos, sin)),
     }
     full_cos, full_sin = (
         torch.cat((cos, cos), -1).to(x.dtype),
@@ -227,7 +228,7 @@ def run(
         else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "posemb": posemb.__version__,
+        "posemb": __version__,
         "transformers": _version("transformers"),
         "triton": _version("triton"),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -251,7 +252,7 @@ def _measure(
 ) -> list[Row]:
     """Every method on one shape and dtype: forward, and forward+backward where it applies."""
     x = torch.randn(shape, device=dev, dtype=DTYPES[dtype_name])
-    rope = posemb.RotaryEmbedding(shape[-1], backend="reference")
+    rope = RotaryEmbedding(shape[-1], backend="reference")
     cos, sin = rope.cos_sin(torch.arange(shape[2], device=dev), device=dev)
     nbytes = x.numel() * x.element_size()
     rows: list[Row] = []

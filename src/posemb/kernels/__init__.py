@@ -2,7 +2,7 @@
 
 Backends:
 
-- ``"reference"``: :func:`posemb.apply_rope`, plain PyTorch, any dtype and device.
+- ``"reference"``: :func:`posemb.kernels.reference.apply_rope`, plain PyTorch, any dtype and device.
 - ``"cpu"``: the fused C++ loop of :mod:`posemb.kernels.cpu` (float32, bfloat16, float16).
 - ``"triton"``: the kernel of :mod:`posemb.kernels.triton`, for CUDA tensors (or CPU tensors
   under ``TRITON_INTERPRET=1``, which is how the tests run it).
@@ -22,9 +22,9 @@ from collections.abc import Callable
 import torch
 
 from .. import _checks, _renamed
-from ..rope import Layout, as_layout
 from . import cpu as _cpu
 from . import reference
+from .layout import Layout, as_layout
 
 logger = logging.getLogger("posemb.kernels")
 
@@ -381,6 +381,7 @@ def rotate_cached(
 
 __all__ = [
     "BACKENDS",
+    "Layout",
     "RotaryFunction",
     "reference",
     "resolve_backend",

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import posemb
-
 from .._io import atomic_write, atomic_write_bytes
+from .._version import __version__
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -83,7 +82,7 @@ def summarise(
         "workers": workers,
         "threads_per_worker": threads,
         "versions": {
-            "posemb": posemb.__version__,
+            "posemb": __version__,
             "torch": torch.__version__,
             "python": platform.python_version(),
         },

@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-import posemb
-
 from .. import _checks
 from .. import scaling as sc
 from .._io import atomic_write, atomic_write_bytes
+from .._version import __version__
 from . import corpus as _corpus
 from . import report
 from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, check_heads, scaling_for
@@ -137,7 +136,7 @@ class LabConfig:
     def digest(self, encoding: str, seed: int) -> str:
         """A hash of what a job's numbers depend on."""
         d = {k: v for k, v in asdict(self).items() if k not in ("variants", "seeds", "workers")}
-        d |= {"encoding": encoding, "seed": seed, "posemb": posemb.__version__}
+        d |= {"encoding": encoding, "seed": seed, "posemb": __version__}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,3 @@
+"""posemb's version, importable from any layer."""
+
+__version__ = "0.1.0"
