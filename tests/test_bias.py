@@ -218,3 +218,39 @@ def test_relative_positions_sign():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_xpos_fused_matches_reference_forward_and_backward(backend):
+    """xPos runs through the fused op with key tables of its own; gradients flow back."""
+    device = "cuda" if torch.cuda.is_available() and backend == "triton" else "cpu"
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 9, 16, generator=g).to(device)
+    k = torch.randn(2, 2, 9, 16, generator=g).to(device)
+    pos = torch.arange(300, 309, device=device)
+    ref, fused = posemb.XPos(16, backend="reference"), posemb.XPos(16, backend=backend)
+    qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
+    qf, kf = q.clone().requires_grad_(), k.clone().requires_grad_()
+    want, got = ref(qr, kr, pos), fused(qf, kf, pos)
+    for w, o in zip(want, got, strict=True):
+        assert_close(o, w, torch.float32)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    torch.autograd.backward(want, (gq, gk))
+    torch.autograd.backward(got, (gq, gk))
+    assert_close(qf.grad, qr.grad, torch.float32)
+    assert_close(kf.grad, kr.grad, torch.float32)
+
+
+def test_xpos_center_can_follow_the_call():
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(2, 1, 2, 100, 16, generator=g, dtype=F64)
+    follow, fixed = posemb.XPos(16, center=None), posemb.XPos(16, center=50)
+    for a, b in zip(follow(q, k), fixed(q, k), strict=True):
+        torch.testing.assert_close(a, b, **TOL[F64])  # 100 tokens: centre (99 + 1) // 2 = 50
+    # Logits depend on the distance only, whatever the centre.
+    qf, kf = follow(q, k)
+    qc, kc = posemb.XPos(16, center=0)(q, k)
+    torch.testing.assert_close(qf @ kf.transpose(-1, -2), qc @ kc.transpose(-1, -2), **TOL[F64])
+    with pytest.raises(ValueError, match="needs center= given"):
+        follow.rotate(q, role="query")
+    torch.testing.assert_close(follow.rotate(q, role="query", center=50), qf, **TOL[F64])

@@ -67,7 +67,8 @@ def test_forward_and_backward_match_reference(backend, dtype, layout, case, batc
     qf, kf = q.clone().requires_grad_(), k.clone().requires_grad_()
     gq, gk = make(shape, kv, dtype, device, seed=2)
     out_q, out_k = kernels.rotate(qf, kf, cos, sin, layout=layout, backend=backend)
-    assert out_q.grad_fn is not None and "RotaryFunction" in type(out_q.grad_fn).__name__
+    # The registered op's own autograd, not autograd through reference operations.
+    assert f"posemb_rotate_{backend}" in type(out_q.grad_fn).__name__
     torch.autograd.backward((out_q, out_k), (gq, gk))
     qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
     torch.autograd.backward(
@@ -158,17 +159,92 @@ def test_auto_picks_a_fused_path_and_reference_for_float64():
     assert kernels.resolve_backend("auto", x.double()) == "reference"
 
 
-def test_gradcheck_reference_and_fused_in_float64_semantics():
-    # gradcheck needs float64: the reference path, and the fused function's backward logic
-    # through the reference launcher (the same RotaryFunction the fused paths use).
+def test_gradcheck_reference_in_float64():
     x = torch.randn(1, 2, 5, 8, dtype=F64, requires_grad=True)
     cos, sin = tables(torch.arange(5), 8, "cpu")
-    cos, sin = cos.double(), sin.double()
     assert torch.autograd.gradcheck(lambda t: reference.rotate(t, cos, sin, "half"), (x,))
-    launcher = kernels._reference_launcher(cos, sin, Layout.HALF, lambda t: t, lambda t: t)
-    assert torch.autograd.gradcheck(
-        lambda t: kernels.RotaryFunction.apply(t, t[:, :1], launcher)[0], (x,)
-    )
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("needs", ["q", "k"])
+def test_a_side_without_gradient_costs_no_work(monkeypatch, backend, needs):
+    """When only q (or only k) needs a gradient, the backward rotates no head of the other."""
+    from posemb.kernels import cpu
+
+    seen = []
+    if backend == "cpu":
+        real = cpu.rope_apply
+        monkeypatch.setattr(cpu, "rope_apply", lambda x, *a: seen.append(x.shape[1]) or real(x, *a))
+    else:
+        from posemb.kernels import triton as tr
+
+        real = tr.launch
+        monkeypatch.setattr(
+            tr,
+            "launch",
+            lambda q, k, *a, **kw: seen.append((q.shape[1], k.shape[1])) or real(q, k, *a, **kw),
+        )
+    q, k = make((1, 4, 9, 16), 2, torch.float32, backend_device(backend))
+    cos, sin = tables(torch.arange(9), 16, q.device)
+    (q if needs == "q" else k).requires_grad_()
+    out_q, out_k = kernels.rotate(q, k, cos, sin, backend=backend)
+    seen.clear()
+    (out_q if needs == "q" else out_k).sum().backward()
+    if backend == "cpu":  # one call per side: the other side has no heads
+        assert seen == ([4, 0] if needs == "q" else [0, 2])
+    else:  # one launch over both sides
+        assert seen == ([(4, 0)] if needs == "q" else [(0, 2)])
+
+
+def _op_cases(device):
+    """Arguments for opcheck: dtypes, layouts, partial rotary, GQA, per-sequence tables,
+    positions far out, and key tables of their own (xPos)."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in DTYPES:
+        for (b, h, s, d), kv, rotary in CASES[1:]:
+            for interleaved in (False, True):
+                q = torch.randn(b, h, s, d, generator=g).to(device=device, dtype=dtype)
+                k = torch.randn(b, kv, s, d, generator=g).to(device=device, dtype=dtype)
+                pos = torch.randint(0, 1 << 20, (b, s), generator=g).to(device)
+                cos, sin = (t.float().contiguous() for t in tables(pos, rotary, device))
+                key = (cos * 0.5, sin * 0.5) if interleaved else (None, None)
+                yield q, k, cos, sin, *key, interleaved
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_opcheck_cpu_ops(inplace):
+    op = torch.ops.posemb.rotate_cpu_ if inplace else torch.ops.posemb.rotate_cpu
+    for q, k, cos, sin, kc, ks, interleaved in _op_cases("cpu"):
+        if not inplace:
+            q, k = q.requires_grad_(), k.requires_grad_()
+        torch.library.opcheck(op.default, (q, k, cos, sin, kc, ks, interleaved, False))
+
+
+# Triton's CPU interpreter copies every argument to host memory, which fake tensors cannot do:
+# on the CPU the fake-tensor and AOT checks run only on the CPU op; benchmarks/gpu.sh runs all.
+TRITON_OPCHECKS = (
+    ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if ON_GPU
+    else ("test_schema", "test_autograd_registration")
+)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_opcheck_triton_ops(inplace):
+    from posemb.kernels import triton as _  # noqa: F401  (registers the ops)
+
+    op = torch.ops.posemb.rotate_triton_ if inplace else torch.ops.posemb.rotate_triton
+    # The interpreter runs each program in Python: a few cases keep this test short.
+    for i, (q, k, cos, sin, kc, ks, interleaved) in enumerate(_op_cases(DEVICE)):
+        if i % 4:
+            continue
+        if not inplace and q.dtype == torch.float32:
+            q, k = q.requires_grad_(), k.requires_grad_()
+        n = cos.shape[-1]
+        flat = (cos.reshape(-1, n), sin.reshape(-1, n))
+        kflat = (None, None) if kc is None else (kc.reshape(-1, n), ks.reshape(-1, n))
+        args = (q, k, *flat, *kflat, interleaved, False, None, None, None, 0, q.shape[2])
+        torch.library.opcheck(op.default, args, test_utils=TRITON_OPCHECKS)
 
 
 q4 = torch.zeros(2, 3, 5, 8)

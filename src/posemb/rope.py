@@ -28,7 +28,7 @@ from . import _checks, kernels
 from . import scaling as _scaling
 from .freqs import angles, cos_sin
 from .kernels.layout import Layout, as_layout, pairs, unpairs
-from .kernels.reference import apply_rope
+from .kernels.reference import apply_rope  # noqa: F401  (public here as posemb.rope.apply_rope)
 
 
 def rotation_matrix(
@@ -104,6 +104,9 @@ def rope_complex(
     return unpairs(z.real, z.imag, lay).to(x.dtype)
 
 
+CACHE_ROWS = 1 << 18
+"""Most rows a module caches per (device, dtype): 64 MiB of float32 tables at rotary_dim 128."""
+
 _TABLES: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collections.OrderedDict()
 _TABLES_MAX = 256
 
@@ -170,6 +173,14 @@ class RotaryEmbedding(nn.Module):
                 f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
             )
         self.backend = backend
+        # Tables per (device, dtype, what of the length the scaling reads): formed once in
+        # float64, grown by doubling; not buffers, so .half() cannot degrade them and no
+        # checkpoint carries them.
+        self._tables: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = (
+            collections.OrderedDict()
+        )
+        self.table_builds = 0
+        """How many float64 tables this module has formed (tests count them)."""
 
     def cos_sin(
         self,
@@ -188,17 +199,66 @@ class RotaryEmbedding(nn.Module):
             ``(cos, sin)``, each ``P + (rotary_dim // 2,)``.
         """
         pos = _checks.positions(positions)
-        dev = torch.device(device) if device is not None else pos.device
         seq_len = None
         if self.scaling.depends_on_length and pos.numel():
             # The length a length-dependent scaling sees is max position + 1 over the whole
             # call, as in transformers; computed per call, never stored on the module.
             seq_len = int(pos.max()) + 1
+        return self._cos_sin(pos, dtype, device, seq_len)
+
+    def _cos_sin(
+        self,
+        pos: torch.Tensor,
+        dtype: torch.dtype,
+        device: torch.device | str | None,
+        seq_len: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`cos_sin` with the length the scaling sees given by the caller."""
+        dev = torch.device(device) if device is not None else pos.device
         inv, factor = _scaled_inv_freq(self.scaling, self.rotary_dim, self.base, dev, seq_len)
         cos, sin = cos_sin(pos, inv, dtype=dtype)
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor
         return cos, sin
+
+    def _table(
+        self, rows: int, seq_len: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached cos/sin for positions 0..rows-1 (at least), for a call of length ``seq_len``."""
+        key = (device, dtype, self.scaling.length_key(seq_len))
+        hit = self._tables.get(key)
+        if hit is None or hit[0].shape[0] < rows:
+            # Doubling: a decode loop that grows one token at a time builds log(n) tables.
+            size = max(rows, min(2 * hit[0].shape[0] if hit is not None else 0, CACHE_ROWS))
+            hit = self._cos_sin(torch.arange(size, device=device), dtype, device, seq_len)
+            self.table_builds += 1
+            self._tables[key] = hit
+            if len(self._tables) > _TABLES_MAX:
+                self._tables.popitem(last=False)
+        self._tables.move_to_end(key)
+        return hit
+
+    def _call_tables(
+        self, positions: torch.Tensor | None, pos: torch.Tensor, seq: int, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for one forward: from the cache in eager mode, formed in the graph when
+        compiling (Inductor fuses the float64 arithmetic; a cache would be state to guard)."""
+        compute = _checks.compute_dtype(x)
+        if positions is None:
+            # Default positions 0..seq-1: the length is known on the host, no sync.
+            if torch.compiler.is_compiling() or seq > CACHE_ROWS:
+                return self._cos_sin(pos, compute, x.device, seq)
+            cos, sin = self._table(seq, seq, x.device, compute)
+            return cos[:seq], sin[:seq]
+        if torch.compiler.is_compiling() or not pos.numel():
+            return self.cos_sin(pos, dtype=compute, device=x.device)
+        # Explicit positions: one host sync for the range they span; far or negative positions
+        # are computed directly rather than growing a table to reach them.
+        lo, hi = (int(v) for v in torch.aminmax(pos))
+        if lo < 0 or hi >= CACHE_ROWS:
+            return self.cos_sin(pos, dtype=compute, device=x.device)
+        cos, sin = self._table(hi + 1, hi + 1, x.device, compute)
+        return cos[pos], sin[pos]
 
     def _positions(self, x: torch.Tensor, positions: object) -> torch.Tensor:
         return _checks.positions_for(
@@ -251,8 +311,7 @@ class RotaryEmbedding(nn.Module):
                 f"q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
         pos = self._positions(q, positions)
-        compute = _checks.compute_dtype(q)
-        cos, sin = self.cos_sin(pos, dtype=compute, device=q.device)
+        cos, sin = self._call_tables(positions, pos, q.shape[2], q)
         return kernels.rotate(
             q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
         )
@@ -294,19 +353,24 @@ class XPos(RotaryEmbedding):
     decays smoothly.
 
     Queries and keys take opposite scales, so a tensor must say which it is: :meth:`rotate`
-    takes ``role="query"`` or ``role="key"``, and :meth:`forward` takes both.
+    takes ``role="query"`` or ``role="key"``, and :meth:`forward` takes both, in one fused call
+    (the key side gets tables of its own, see :func:`posemb.kernels.rotate`).
 
     The paper uses gamma = 0.4 and B = 512 and pairs it with causal attention (for m >= n the
     factor is <= 1). The per-position scale over- or underflows float32 once |m| / B reaches a
-    few hundred; ``center`` is subtracted from every position first (the relative property is
-    untouched) to keep the exponents small. The scales are formed in float64 on each call's
-    device from (gamma, rotary_dim): no state, so ``.to()``/``.half()`` cannot degrade them.
+    few hundred, so a centre c is subtracted from every position first (the relative property
+    is untouched). ``center=None`` lets it follow each call: c = (largest position + 1) // 2,
+    the middle of the sequence, as torchscale's xPos does (one host sync per call); an integer
+    fixes it. Use a fixed centre when decoding over a KV cache: keys cached at one call's centre
+    do not match queries scaled at the next call's. The scales are formed in float64 on each
+    call's device from (gamma, rotary_dim): no state, so ``.to()``/``.half()`` cannot degrade
+    them.
 
     Args:
-        head_dim, base, rotary_dim, layout: as :class:`RotaryEmbedding`.
+        head_dim, base, rotary_dim, layout, backend: as :class:`RotaryEmbedding`.
         gamma: > 0.
         scale_base: B > 0, in tokens.
-        center: position subtracted before scaling.
+        center: position subtracted before scaling, or None to follow each call's length.
     """
 
     def __init__(
@@ -317,26 +381,40 @@ class XPos(RotaryEmbedding):
         layout: Layout | str = Layout.HALF,
         gamma: float = 0.4,
         scale_base: float = 512.0,
-        center: int = 0,
+        center: int | None = 0,
+        backend: str = "auto",
     ) -> None:
-        super().__init__(head_dim, base, rotary_dim, layout, backend="reference")
+        super().__init__(head_dim, base, rotary_dim, layout, backend=backend)
         self.gamma = _checks.number("gamma", gamma, minimum=0.0, strict=True)
         self.scale_base = _checks.number("scale_base", scale_base, minimum=0.0, strict=True)
-        if isinstance(center, bool) or not isinstance(center, int):
-            raise ValueError(f"center must be an integer position, got {center!r}")
+        if center is not None and (isinstance(center, bool) or not isinstance(center, int)):
+            raise ValueError(f"center must be an integer position or None, got {center!r}")
         self.center = center
 
-    def scales(self, positions: torch.Tensor, role: str = "query") -> torch.Tensor:
-        """zeta_i^(+-(p - center) / B) for positions ``P``: float64 ``P + (rotary_dim // 2,)``.
+    def scales(
+        self, positions: torch.Tensor, role: str = "query", center: int | None = None
+    ) -> torch.Tensor:
+        """zeta_i^(+-(p - c) / B) for positions ``P``: float64 ``P + (rotary_dim // 2,)``.
 
         Args:
             positions: integers of any shape ``P``.
             role: "query" (exponent +) or "key" (exponent -).
+            center: c; default the module's ``center`` (which must then be an integer).
         """
         sign = self._sign(role)
-        p = _checks.positions(positions).to(torch.float64) - self.center
+        c = self._fixed_center(center)
+        p = _checks.positions(positions).to(torch.float64) - c
         zeta = xpos_zeta(self.rotary_dim, self.gamma, device=p.device)
         return zeta ** (sign * p.unsqueeze(-1) / self.scale_base)
+
+    def _fixed_center(self, center: int | None) -> int:
+        c = self.center if center is None else center
+        if c is None:
+            raise ValueError(
+                "this XPos has center=None (it follows each call); rotating one side alone "
+                "needs center= given, the same for queries and keys"
+            )
+        return c
 
     @staticmethod
     def _sign(role: str) -> float:
@@ -345,6 +423,15 @@ class XPos(RotaryEmbedding):
                 f"role must be 'query' or 'key' (xPos scales them oppositely), got {role!r}"
             )
         return 1.0 if role == "query" else -1.0
+
+    def _scaled_tables(
+        self, x: torch.Tensor, pos: torch.Tensor, role: str, center: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled cos/sin for ``x`` at ``pos``: formed in float64, cast once."""
+        cos, sin = self.cos_sin(pos, dtype=torch.float64, device=x.device)
+        scale = self.scales(pos.to(x.device), role, center)
+        compute = _checks.compute_dtype(x)
+        return (cos * scale).to(compute), (sin * scale).to(compute)
 
     # A deliberate break with the parent's signature: a silent default role would give wrong
     # logits for keys, so callers must say which side they rotate.
@@ -355,6 +442,7 @@ class XPos(RotaryEmbedding):
         inplace: bool = False,
         *,
         role: str,
+        center: int | None = None,
     ) -> torch.Tensor:
         """Rotate and scale one tensor ``(batch, heads, seq, head_dim)`` as a query or a key.
 
@@ -364,6 +452,7 @@ class XPos(RotaryEmbedding):
             inplace: must be False.
             role: "query" (scaled by zeta^(m/B)) or "key" (by zeta^(-n/B)); required, since
                 the two differ and a silent default would give wrong logits.
+            center: overrides the module's centre; required when that is None.
 
         Returns:
             Tensor shaped and typed like ``x``.
@@ -373,10 +462,8 @@ class XPos(RotaryEmbedding):
             raise ValueError("XPos does not rotate in place (q and k take different scales)")
         x = self._check("x", x)
         pos = self._positions(x, positions)
-        cos, sin = self.cos_sin(pos, dtype=torch.float64, device=x.device)
-        scale = self.scales(pos.to(x.device), role)
-        compute = _checks.compute_dtype(x)
-        return apply_rope(x, (cos * scale).to(compute), (sin * scale).to(compute), self.layout)
+        c, s = self._scaled_tables(x, pos, role, self._fixed_center(center))
+        return kernels.rotate(x, x[:, :0], c, s, layout=self.layout, backend=self.backend)[0]
 
     def forward(
         self,
@@ -402,11 +489,23 @@ class XPos(RotaryEmbedding):
             raise ValueError("XPos does not rotate in place (q and k take different scales)")
         q = self._check("q", q)
         k = self._check("k", k)
-        if k_positions is None:
-            if k.shape[2] != q.shape[2]:
-                raise ValueError("k_positions is required when k and q differ in length")
-            k_positions = self._positions(q, positions)
-        return self.rotate(q, positions, role="query"), self.rotate(k, k_positions, role="key")
+        qp = self._positions(q, positions)
+        same = k_positions is None
+        if same and k.shape[2] != q.shape[2]:
+            raise ValueError("k_positions is required when k and q differ in length")
+        kp = qp if same else self._positions(k, k_positions)
+        center = self.center
+        if center is None:  # the middle of this call's sequence, shared by both sides
+            center = (int(torch.maximum(qp.max(), kp.max())) + 1) // 2 if qp.numel() else 0
+        cq, sq = self._scaled_tables(q, qp, "query", center)
+        ck, sk = self._scaled_tables(k, kp, "key", center)
+        if same and k.shape[0] == q.shape[0]:
+            return kernels.rotate(
+                q, k, cq, sq, k_cos=ck, k_sin=sk, layout=self.layout, backend=self.backend
+            )
+        q_out = kernels.rotate(q, q[:, :0], cq, sq, layout=self.layout, backend=self.backend)[0]
+        k_out = kernels.rotate(k, k[:, :0], ck, sk, layout=self.layout, backend=self.backend)[0]
+        return q_out, k_out
 
     def extra_repr(self) -> str:
         return (

@@ -9,20 +9,27 @@ Backends:
 - ``"auto"``: the fastest that can run for the tensors at hand; float64 always takes the
   reference. When a fused path is unavailable, the reason is logged once.
 
-Training through a fused path uses :class:`RotaryFunction`, whose backward is the same kernel
-rotating by -theta; it keeps nothing but cos and sin. ``inplace=True`` rotates q and k in their
-own memory (inference) and refuses tensors that require grad.
+The fused paths are registered PyTorch ops (:mod:`posemb.kernels.ops`,
+:mod:`posemb.kernels.triton`): ``torch.ops.posemb.rotate_cpu`` / ``rotate_triton`` out of place,
+with autograd whose backward is the same kernel rotating by -theta and which keeps nothing but
+the tables, and ``rotate_cpu_`` / ``rotate_triton_`` in place. Each has a fake implementation,
+so models using them compile with ``torch.compile(fullgraph=True)`` and export. ``inplace=True``
+rotates q and k in their own memory (inference) and refuses tensors that require grad.
+
+This package is the bottom layer of posemb: the pairing convention (:mod:`.layout`), the
+reference rotation (:mod:`.reference`) and the fused ops; it imports nothing from the modules,
+scalings or interop above it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
 
 from .. import _checks, _renamed
 from . import cpu as _cpu
+from . import ops as _ops  # noqa: F401  (registers torch.ops.posemb.rotate_cpu*)
 from . import reference
 from .layout import Layout, as_layout
 
@@ -92,36 +99,6 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     return backend
 
 
-# A launcher rotates (q, k) with fixed tables: launcher(q, k, conjugate, inplace) -> (q', k').
-Launcher = Callable[[torch.Tensor, torch.Tensor, bool, bool], tuple[torch.Tensor, torch.Tensor]]
-
-
-class RotaryFunction(torch.autograd.Function):
-    """Autograd for a fused rotation: backward rotates the gradients by -theta.
-
-    Rotation is linear and orthogonal (times the attention factor), so dL/dx = R^T dL/dy, and
-    R^T is the same kernel with the sine negated. Nothing is saved but the launcher, which
-    holds cos and sin; gradients flow to q and k, not to the tables.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, launcher):
-        ctx.launcher = launcher
-        return launcher(q, k, False, False)
-
-    @staticmethod
-    def backward(ctx, grad_q, grad_k):
-        # An output that did not reach the loss has no gradient: stand in zero heads for it.
-        gq = grad_q if grad_q is not None else grad_k[:, :0]
-        gk = grad_k if grad_k is not None else grad_q[:, :0]
-        dq, dk = ctx.launcher(_unit_last(gq), _unit_last(gk), True, False)
-        return (dq if grad_q is not None else None), (dk if grad_k is not None else None), None
-
-
-def _unit_last(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _check_pair(q: object, k: object, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
     q = _checks.float_tensor("q", q)
     k = _checks.float_tensor("k", k)
@@ -144,61 +121,83 @@ def _check_pair(q: object, k: object, varlen: bool) -> tuple[torch.Tensor, torch
     return q, k
 
 
+def _key_tables(
+    cos: torch.Tensor, k_cos: object, k_sin: object
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Optional separate tables for k (xPos): both or neither, shaped like cos."""
+    if k_cos is None and k_sin is None:
+        return None, None
+    if k_cos is None or k_sin is None:
+        raise ValueError("k_cos and k_sin go together: pass both or neither")
+    kc = _checks.float_tensor("k_cos", k_cos)
+    ks = _checks.float_tensor("k_sin", k_sin)
+    if kc.shape != cos.shape or ks.shape != cos.shape or kc.device != cos.device:
+        raise ValueError(
+            f"k_cos and k_sin must have cos's shape {tuple(cos.shape)} and device, got "
+            f"{tuple(kc.shape)} and {tuple(ks.shape)}"
+        )
+    return kc, ks
+
+
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32).contiguous()
 
 
-def _rotate(
+def _f32_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else _f32(t)
+
+
+def _refuse_inplace_grad(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> None:
+    if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise ValueError(
+            "inplace=True rotates q and k in their own memory, which autograd cannot "
+            "differentiate; use inplace=False for training, or run under torch.no_grad()"
+        )
+
+
+def _reference_pair(
     q: torch.Tensor,
     k: torch.Tensor,
-    launcher: Launcher,
-    backend: str,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None,
+    k_sin: torch.Tensor | None,
+    layout: Layout,
     inplace: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    if inplace:
-        if needs_grad:
-            raise ValueError(
-                "inplace=True rotates q and k in their own memory, which autograd cannot "
-                "differentiate; use inplace=False for training, or run under torch.no_grad()"
-            )
-        return launcher(q, k, False, True)
-    if needs_grad and backend != "reference":
-        return RotaryFunction.apply(q, k, launcher)
-    return launcher(q, k, False, False)
-
-
-def _reference_launcher(
-    cos: torch.Tensor, sin: torch.Tensor, layout: Layout, to_bhsd: Callable, from_bhsd: Callable
-) -> Launcher:
-    def run(q, k, conjugate, inplace):
-        outs = []
-        for x in (q, k):
-            y = from_bhsd(reference.rotate(to_bhsd(x), cos, sin, layout, conjugate))
-            outs.append(x.copy_(y) if inplace else y)
-        return outs[0], outs[1]
-
-    return run
-
-
-def _cpu_launcher(
-    cos: torch.Tensor, sin: torch.Tensor, layout: Layout, to_bhsd: Callable
-) -> Launcher:
-    cos3, sin3 = (
-        _f32(cos if cos.dim() == 3 else cos[None]),
-        _f32(sin if sin.dim() == 3 else sin[None]),
+    """Plain PyTorch: traceable as it is, so it needs no registered op."""
+    qr = reference.rotate(q, cos, sin, layout)
+    kr = reference.rotate(
+        k, cos if k_cos is None else k_cos, sin if k_sin is None else k_sin, layout
     )
+    if inplace:
+        return q.copy_(qr), k.copy_(kr)
+    return qr, kr
+
+
+def _cpu_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None,
+    k_sin: torch.Tensor | None,
+    layout: Layout,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.posemb.rotate_cpu`` / ``rotate_cpu_`` on per-token tables."""
+
+    def table(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else _f32(t if t.dim() == 3 else t[None])
+
+    c, s, kc, ks = table(cos), table(sin), table(k_cos), table(k_sin)
+    assert c is not None and s is not None
     interleaved = layout is Layout.INTERLEAVED
-
-    def run(q, k, conjugate, inplace):
-        outs = []
-        for x in (q, k):
-            out = x if inplace else torch.empty_like(x)
-            _cpu.rope_apply(to_bhsd(x), cos3, sin3, to_bhsd(out), interleaved, conjugate)
-            outs.append(out)
-        return outs[0], outs[1]
-
-    return run
+    if inplace:
+        torch.ops.posemb.rotate_cpu_(q, k, c, s, kc, ks, interleaved, False)
+        return q, k
+    q_out, k_out = torch.ops.posemb.rotate_cpu(q, k, c, s, kc, ks, interleaved, False)
+    return q_out, k_out
 
 
 def rotate(
@@ -207,16 +206,23 @@ def rotate(
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
+    k_cos: torch.Tensor | None = None,
+    k_sin: torch.Tensor | None = None,
     layout: Layout | str = Layout.HALF,
     backend: str = "auto",
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k by per-token tables, through the chosen backend.
 
+    The fused backends run as registered ops (``torch.ops.posemb.rotate_cpu``,
+    ``rotate_triton`` and their in-place ``_`` forms), so this traces under ``torch.compile``
+    and ``torch.export``; their backward rotates the gradients by -theta.
+
     Args:
         q: ``(batch, q_heads, seq, head_dim)``; any strides but unit stride in head_dim.
         k: ``(batch, kv_heads, seq, head_dim)``; kv_heads may differ (GQA/MQA).
         cos, sin: ``(seq, r/2)`` or ``(batch, seq, r/2)`` (attention factor already applied).
+        k_cos, k_sin: tables for k when they differ from q's (xPos); default cos and sin.
         layout: pairing of channels.
         backend: one of :data:`BACKENDS`.
         inplace: write into q and k (no autograd).
@@ -225,57 +231,29 @@ def rotate(
         ``(q, k)`` rotated, dtypes kept.
     """
     q, k = _check_pair(q, k, varlen=False)
-    _checks.cos_sin_tables(cos, sin, q, (2, 3))
+    cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
+    k_cos, k_sin = _key_tables(cos, k_cos, k_sin)
     lay = as_layout(layout)
     which = resolve_backend(backend, q)
+    _refuse_inplace_grad(q, k, inplace)
     if which == "reference":
-        launcher = _reference_launcher(cos, sin, lay, lambda x: x, lambda x: x)
-    elif which == "cpu":
-        launcher = _cpu_launcher(cos, sin, lay, lambda x: x)
-    else:
-        launcher = _triton_launcher(
-            _f32(cos.reshape(-1, cos.shape[-1])),
-            _f32(sin.reshape(-1, sin.shape[-1])),
-            lay,
-            table_batch_stride=q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0,
-        )
-    return _rotate(q, k, launcher, which, inplace)
+        return _reference_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
+    if which == "cpu":
+        return _cpu_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
+    from . import triton as _tr  # noqa: F401  (registers the Triton ops; ~3 s to import)
 
-
-def _triton_launcher(
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: Layout,
-    positions: torch.Tensor | None = None,
-    offsets: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    max_seqlen: int | None = None,
-    table_batch_stride: int = 0,
-) -> Launcher:
-    from . import triton as _tr
-
-    def run(q, k, conjugate, inplace):
-        q_out = q if inplace else torch.empty_like(q)
-        k_out = k if inplace else torch.empty_like(k)
-        _tr.launch(
-            q,
-            k,
-            q_out,
-            k_out,
-            cos,
-            sin,
-            interleaved=layout is Layout.INTERLEAVED,
-            conjugate=conjugate,
-            positions=positions,
-            offsets=offsets,
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
-            table_batch_stride=table_batch_stride,
-        )
-        return q_out, k_out
-
-    return run
+    n = cos.shape[-1]
+    stride = q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0
+    c, s = _f32(cos.reshape(-1, n)), _f32(sin.reshape(-1, n))
+    kc = None if k_cos is None else _f32(k_cos.reshape(-1, n))
+    ks = None if k_sin is None else _f32(k_sin.reshape(-1, n))
+    flags = (lay is Layout.INTERLEAVED, False, None, None, None, 0, stride)
+    if inplace:
+        torch.ops.posemb.rotate_triton_(q, k, c, s, kc, ks, *flags)
+        return q, k
+    q_out, k_out = torch.ops.posemb.rotate_triton(q, k, c, s, kc, ks, *flags)
+    return q_out, k_out
 
 
 def rotate_cached(
@@ -350,39 +328,34 @@ def rotate_cached(
     )
     lay = as_layout(layout)
     which = resolve_backend(backend, q)
+    _refuse_inplace_grad(q, k, inplace)
     if which == "triton":
-        launcher = _triton_launcher(
-            _f32(cos), _f32(sin), lay, pos, off, cu, seq_len if varlen else None
+        from . import triton as _tr  # noqa: F401  (registers the Triton ops)
+
+        flags = (lay is Layout.INTERLEAVED, False, pos, off, cu, seq_len if varlen else 0, 0)
+        if inplace:
+            torch.ops.posemb.rotate_triton_(q, k, _f32(cos), _f32(sin), None, None, *flags)
+            return q, k
+        q_out, k_out = torch.ops.posemb.rotate_triton(
+            q, k, _f32(cos), _f32(sin), None, None, *flags
         )
-        return _rotate(q, k, launcher, which, inplace)
-    # Reference and CPU: gather the rows into per-token tables, rotate (B, H, S, D) views.
+        return q_out, k_out
+    # Reference and CPU: gather the rows into per-token tables, rotate (B, H, S, D) views of
+    # the packed (total, H, D) tensors.
     c, s = cos[rows], sin[rows]
-    if varlen:
-
-        def to_bhsd(x):  # (total, H, D) -> (1, H, total, D), a view
-            return x.permute(1, 0, 2)[None]
-
-        def from_bhsd(x):
-            return x[0].permute(1, 0, 2)
-
-        c, s = c[None], s[None]
-    else:
-
-        def to_bhsd(x):
-            return x
-
-        from_bhsd = to_bhsd
-    if which == "cpu":
-        launcher = _cpu_launcher(c, s, lay, to_bhsd)
-    else:
-        launcher = _reference_launcher(c, s, lay, to_bhsd, from_bhsd)
-    return _rotate(q, k, launcher, which, inplace)
+    pair = _cpu_pair if which == "cpu" else _reference_pair
+    if not varlen:
+        return pair(q, k, c, s, None, None, lay, inplace)
+    qv, kv = q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None]  # (1, H, total, D) views
+    q_out, k_out = pair(qv, kv, c[None], s[None], None, None, lay, inplace)
+    if inplace:
+        return q, k
+    return q_out[0].permute(1, 0, 2), k_out[0].permute(1, 0, 2)
 
 
 __all__ = [
     "BACKENDS",
     "Layout",
-    "RotaryFunction",
     "reference",
     "resolve_backend",
     "rotate",

@@ -23,6 +23,10 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+from .ops import backward_by_conjugate, setup_context
 
 
 def interpreting() -> bool:
@@ -174,6 +178,7 @@ def launch(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
     table_batch_stride: int = 0,
+    copy_tail: bool = True,
 ) -> None:
     """Run the kernel once over q and k (checked by the caller, see posemb.kernels).
 
@@ -188,6 +193,7 @@ def launch(
         offsets: int ``(B,)`` added to every row of a sequence, or None.
         cu_seqlens: int ``(B+1,)`` sequence starts for packed tensors, with ``max_seqlen``.
         table_batch_stride: rows to skip per sequence (a table of B blocks of S rows).
+        copy_tail: copy the channels past the rotary part (out of place; in place they stay).
     """
     varlen = cu_seqlens is not None
     half = cos.shape[-1]
@@ -213,7 +219,8 @@ def launch(
     if positions is not None:
         pos_sb = positions.stride(0) if positions.shape[0] > 1 else 0
         pos_st = positions.stride(1)
-    _rope_kernel[grid](
+    # wrap_triton lets torch.compile see the kernel inside the registered op.
+    wrap_triton(_rope_kernel)[grid](
         q,
         k,
         q_out,
@@ -241,9 +248,96 @@ def launch(
         HAS_POS=positions is not None,
         HAS_OFF=offsets is not None,
         VARLEN=varlen,
-        COPY_TAIL=(q_out.data_ptr() != q.data_ptr()) and head_dim > 2 * half,
+        COPY_TAIL=copy_tail and head_dim > 2 * half,
         HEADS_PER_PROGRAM=per_program,
         BLOCK_T=block_t,
         BLOCK_N=triton.next_power_of_2(half),
         BLOCK_TAIL=triton.next_power_of_2(max(head_dim - 2 * half, 1)),
     )
+
+
+def _launch_both(
+    q: Tensor,
+    k: Tensor,
+    q_out: Tensor,
+    k_out: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cos: Tensor | None,
+    k_sin: Tensor | None,
+    interleaved: bool,
+    conjugate: bool,
+    positions: Tensor | None,
+    offsets: Tensor | None,
+    cu_seqlens: Tensor | None,
+    max_seqlen: int,
+    table_batch_stride: int,
+    copy_tail: bool,
+) -> None:
+    common = dict(
+        interleaved=interleaved,
+        conjugate=conjugate,
+        positions=positions,
+        offsets=offsets,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen if cu_seqlens is not None else None,
+        table_batch_stride=table_batch_stride,
+        copy_tail=copy_tail,
+    )
+    if k_cos is None or k_sin is None:
+        launch(q, k, q_out, k_out, cos, sin, **common)  # type: ignore[arg-type]
+        return
+    # Keys with their own tables (xPos): one launch per side, the other passed with no heads.
+    launch(q, k[:, :0], q_out, k_out[:, :0], cos, sin, **common)  # type: ignore[arg-type]
+    launch(q[:, :0], k, q_out[:, :0], k_out, k_cos, k_sin, **common)  # type: ignore[arg-type]
+
+
+@triton_op("posemb::rotate_triton", mutates_args=())
+def rotate_triton(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cos: Tensor | None,
+    k_sin: Tensor | None,
+    interleaved: bool,
+    conjugate: bool,
+    positions: Tensor | None,
+    offsets: Tensor | None,
+    cu_seqlens: Tensor | None,
+    max_seqlen: int,
+    table_batch_stride: int,
+) -> tuple[Tensor, Tensor]:
+    """The Triton rotation as a registered op, out of place (see :func:`launch`)."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch_both(
+        q, k, q_out, k_out, cos, sin, k_cos, k_sin, interleaved, conjugate,
+        positions, offsets, cu_seqlens, max_seqlen, table_batch_stride, True,
+    )  # fmt: skip
+    return q_out, k_out
+
+
+@triton_op("posemb::rotate_triton_", mutates_args=("q", "k"))
+def rotate_triton_(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cos: Tensor | None,
+    k_sin: Tensor | None,
+    interleaved: bool,
+    conjugate: bool,
+    positions: Tensor | None,
+    offsets: Tensor | None,
+    cu_seqlens: Tensor | None,
+    max_seqlen: int,
+    table_batch_stride: int,
+) -> None:
+    """The Triton rotation in place (inference: not differentiable)."""
+    _launch_both(
+        q, k, q, k, cos, sin, k_cos, k_sin, interleaved, conjugate,
+        positions, offsets, cu_seqlens, max_seqlen, table_batch_stride, False,
+    )  # fmt: skip
+
+
+rotate_triton.register_autograd(backward_by_conjugate(rotate_triton), setup_context=setup_context)

@@ -1,0 +1,112 @@
+"""The fused CPU rotation as registered PyTorch ops: ``torch.ops.posemb.rotate_cpu`` (out of
+place, differentiable) and ``torch.ops.posemb.rotate_cpu_`` (in place).
+
+Registered through :mod:`torch.library` so that a model using them traces: each op has a fake
+implementation that states its output shapes without running (``torch.compile`` and
+``torch.export`` see an opaque node, not a graph break), and the out-of-place op has its
+autograd registered beside it. The backward of a rotation by theta is the same kernel rotating
+by -theta (R^T = R(-theta)), so nothing is saved but the cos/sin tables, and a side (q or k)
+that needs no gradient costs no work: it is passed with zero heads.
+
+The Triton kernel registers the same pair of ops (``rotate_triton``, ``rotate_triton_``) in
+:mod:`posemb.kernels.triton`, imported only when a Triton path is used.
+
+Shapes (checked by :func:`posemb.kernels.rotate`, not here): q ``(B, Hq, S, D)``, k ``(B, Hk, S,
+D)``, unit stride in D; cos, sin (and the key tables) float32 contiguous ``(1 or B, S, r/2)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import cpu as _cpu
+
+
+def _key_tables(
+    cos: Tensor, sin: Tensor, k_cos: Tensor | None, k_sin: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    # xPos scales keys by zeta^(-n/B) and queries by zeta^(m/B): keys then take their own tables.
+    return (cos if k_cos is None else k_cos), (sin if k_sin is None else k_sin)
+
+
+@torch.library.custom_op("posemb::rotate_cpu", mutates_args=(), device_types="cpu")
+def rotate_cpu(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cos: Tensor | None,
+    k_sin: Tensor | None,
+    interleaved: bool,
+    conjugate: bool,
+) -> tuple[Tensor, Tensor]:
+    """Rotate q by (cos, sin) and k by the key tables (default the same) into new tensors."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    kc, ks = _key_tables(cos, sin, k_cos, k_sin)
+    _cpu.rope_apply(q, cos, sin, q_out, interleaved, conjugate)
+    _cpu.rope_apply(k, kc, ks, k_out, interleaved, conjugate)
+    return q_out, k_out
+
+
+@rotate_cpu.register_fake
+def _(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("posemb::rotate_cpu_", mutates_args=("q", "k"), device_types="cpu")
+def rotate_cpu_(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cos: Tensor | None,
+    k_sin: Tensor | None,
+    interleaved: bool,
+    conjugate: bool,
+) -> None:
+    """Rotate q and k in their own memory (inference: not differentiable)."""
+    kc, ks = _key_tables(cos, sin, k_cos, k_sin)
+    _cpu.rope_apply(q, cos, sin, q, interleaved, conjugate)
+    _cpu.rope_apply(k, kc, ks, k, interleaved, conjugate)
+
+
+@rotate_cpu_.register_fake
+def _(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
+    return None
+
+
+def unit_last(x: Tensor) -> Tensor:
+    """``x`` with unit stride in its last dimension (incoming gradients may be expanded)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    """Save only what the backward needs: the tables and the flags (shared by both ops)."""
+    _, _, cos, sin, k_cos, k_sin, interleaved, conjugate, *rest = inputs
+    ctx.save_for_backward(cos, sin, k_cos, k_sin)
+    ctx.interleaved, ctx.conjugate, ctx.rest = interleaved, conjugate, rest
+
+
+def backward_by_conjugate(op: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple]:
+    """The backward of rotation op ``op``: the same op rotating the gradients by -theta."""
+
+    def backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
+        cos, sin, k_cos, k_sin = ctx.saved_tensors
+        need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # A side that needs no gradient is passed with zero heads: no work is done for it.
+        gq = unit_last(grad_q) if need_q else grad_q[:, :0]
+        gk = unit_last(grad_k) if need_k else grad_k[:, :0]
+        dq, dk = op(gq, gk, cos, sin, k_cos, k_sin, ctx.interleaved, not ctx.conjugate, *ctx.rest)
+        return (dq if need_q else None, dk if need_k else None) + (None,) * (6 + len(ctx.rest))
+
+    return backward
+
+
+rotate_cpu.register_autograd(backward_by_conjugate(rotate_cpu), setup_context=setup_context)
+
+
+__all__ = ["rotate_cpu", "rotate_cpu_"]

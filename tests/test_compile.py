@@ -1,0 +1,130 @@
+"""A Llama-style attention block using RotaryEmbedding compiles, exports and recompiles little."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import posemb
+from posemb import scaling as sc
+from tolerances import assert_close
+
+ON_GPU = torch.cuda.is_available()
+BACKENDS = ["reference", "cpu"] + (["triton"] if ON_GPU else [])
+DEVICE = {"reference": "cpu", "cpu": "cpu", "triton": "cuda"}
+HEAD, HEADS, KV = 16, 4, 2
+ORIG = 32  # the "pre-training" length of the length-dependent scalings: calls go past it
+SCALINGS = {
+    "default": sc.Default(),
+    "linear": sc.Linear(2.0),
+    "yarn": sc.Yarn(4.0, ORIG),
+    "llama3": sc.Llama3(8.0, 1.0, 4.0, ORIG),
+    "dynamic": sc.DynamicNTK(2.0, ORIG),
+    "longrope": sc.LongRope(tuple([1.0] * 8), tuple([2.0] * 8), ORIG, factor=4.0),
+}
+
+
+class LlamaAttention(nn.Module):
+    """Projections, RoPE on q and k, causal GQA attention, output projection."""
+
+    def __init__(self, rope: posemb.RotaryEmbedding) -> None:
+        super().__init__()
+        width = HEAD * HEADS
+        self.q = nn.Linear(width, HEADS * HEAD, bias=False)
+        self.k = nn.Linear(width, KV * HEAD, bias=False)
+        self.v = nn.Linear(width, KV * HEAD, bias=False)
+        self.o = nn.Linear(HEADS * HEAD, width, bias=False)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, HEADS, HEAD).transpose(1, 2)  # (b, h, s, d), a strided view
+        k = self.k(x).view(b, s, KV, HEAD).transpose(1, 2)
+        v = self.v(x).view(b, s, KV, HEAD).transpose(1, 2)
+        q, k = self.rope(q, k)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(b, s, HEADS * HEAD))
+
+
+def block(backend, scaling="default"):
+    torch.manual_seed(0)
+    rope = posemb.RotaryEmbedding(HEAD, scaling=SCALINGS[scaling], backend=backend)
+    return LlamaAttention(rope).to(DEVICE[backend])
+
+
+def inputs(backend, seq=48, batch=2):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, seq, HEAD * HEADS, generator=g).to(DEVICE[backend])
+
+
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fullgraph_compile_matches_eager_forward_and_backward(backend, scaling):
+    """Traced whole (no graph break) by Dynamo and AOTAutograd with fake tensors."""
+    torch._dynamo.reset()
+    model = block(backend, scaling)
+    x = inputs(backend)
+    want = model(x)
+    want.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = compiled(x)
+    assert_close(got, want, torch.float32)
+    got.square().sum().backward()
+    for p, g in zip(model.parameters(), grads, strict=True):
+        assert_close(p.grad, g, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inductor_compiles_and_matches_eager(backend):
+    torch._dynamo.reset()
+    model = block(backend)
+    x = inputs(backend)
+    with torch.no_grad():
+        assert_close(torch.compile(model, fullgraph=True)(x), model(x), torch.float32)
+
+
+def test_new_lengths_recompile_once_with_dynamic_shapes():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = block("cpu")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    with torch.no_grad():
+        for seq in (16, 24, 40, 56, 23):
+            assert_close(compiled(inputs("cpu", seq)), model(inputs("cpu", seq)), torch.float32)
+    # The first length compiles a static graph, the second a dynamic one that serves the rest.
+    assert counter.frame_count <= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_export_runs(backend):
+    model = block(backend)
+    x = inputs(backend)
+    seq = torch.export.Dim("seq", min=2, max=4096)
+    program = torch.export.export(model, (x,), dynamic_shapes=({1: seq},))
+    ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    if backend != "reference":
+        assert any(f"posemb.rotate_{backend}" in o for o in ops), ops
+    for s in (48, 17):
+        assert_close(program.module()(inputs(backend, s)), model(inputs(backend, s)), torch.float32)
+
+
+def test_module_forms_its_tables_once_per_length():
+    rope = posemb.RotaryEmbedding(HEAD)
+    q, k = torch.randn(2, 1, HEADS, 64, HEAD).unbind(0)
+    rope(q, k)
+    rope(q, k)
+    rope(q[:, :, :10], k[:, :, :10])  # shorter: a slice of the same table
+    assert rope.table_builds == 1
+    rope(q, k, positions=torch.arange(100, 164))  # past the table: grows once (doubling)
+    rope(q, k, positions=torch.arange(90, 154))
+    assert rope.table_builds == 2
+    rope.double()
+    rope(q.double(), k.double())  # another dtype: its own table, formed in float64 too
+    assert rope.table_builds == 3
+    want = posemb.RotaryEmbedding(HEAD).cos_sin(torch.arange(100, 164))
+    got = rope._tables[(q.device, torch.float32, None)]
+    assert_close(got[0][100:164], want[0], torch.float32)
