@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10 and make:
-#   make demo   creates .venv, installs posemb, runs its main job (posemb verify)
+#   make demo   creates .venv, installs posemb, builds its CPU kernel, runs posemb verify
 #   make test   creates .venv, installs posemb with the dev extra, runs lint and the tests
 # Versions come from constraints.txt so that every machine tests the same set.
 
@@ -15,10 +15,12 @@ $(BIN)/python:
 
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e .
+	$(BIN)/posemb kernels --build
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[dev]'
+	$(BIN)/posemb kernels --build
 	@touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo

@@ -332,3 +332,30 @@ def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         kernels.rotate(q4, q4, c5, s5, backend="triton")
+
+
+def test_first_build_says_so_on_stderr(monkeypatch, capsys):
+    from torch.utils import cpp_extension
+
+    from posemb.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_ext", None)
+    monkeypatch.setattr(cpu, "_error", None)
+    monkeypatch.setattr(cpu, "_is_built", lambda name: False)
+    built = object()
+    monkeypatch.setattr(cpp_extension, "load", lambda name, **kw: built)
+    assert cpu.load() is built
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "building the fused CPU RoPE kernel" in err
+    assert cpu.load() is built and capsys.readouterr().err == ""  # once
+
+
+def test_kernels_command(capsys):
+    from posemb import cli
+
+    assert cli.main(["kernels", "--build", "--json"]) == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["reference"] == report["cpu"] == "available"
+    assert set(report) == {"reference", "cpu", "triton"}

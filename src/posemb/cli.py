@@ -125,6 +125,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    from . import kernels
+
+    if args.build:
+        from .kernels import cpu
+
+        if cpu.load(verbose=args.verbose) is None:
+            print(f"posemb kernels: the CPU kernel did not build: {cpu.unavailable_reason()}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    report = kernels.status()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, state in report.items():
+            print(f"{name:10} {state}")
+    return 0
+
+
 def _cmd_lab(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -252,6 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="write a long-format CSV here (atomically)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of the table")
     bench.set_defaults(func=_cmd_bench)
+
+    kern = sub.add_parser(
+        "kernels",
+        help="say which RoPE backends can run here, and build the CPU kernel",
+        description="Print each backend (reference, cpu, triton) and whether it can run here, "
+        "or why not. --build compiles the fused CPU kernel now (20-30 s once per machine) "
+        "instead of on first use, and exits 1 if it cannot be built.",
+    )
+    kern.add_argument("--build", action="store_true", help="build the CPU kernel now")
+    kern.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    kern.add_argument("--json", action="store_true", help="print a JSON object instead")
+    kern.set_defaults(func=_cmd_kernels)
 
     from .lab.model import VARIANTS
 

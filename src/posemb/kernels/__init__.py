@@ -46,12 +46,28 @@ def _log_once(key: str, message: str) -> None:
 
 
 def triton_unavailable_reason() -> str | None:
-    """Why the Triton backend cannot run here, or None."""
+    """Why the Triton backend cannot run here, or None (importing triton takes ~3 s)."""
     try:
         from . import triton as _  # noqa: F401
     except ImportError as err:
         return f"triton is not installed ({err}); pip install triton"
     return None
+
+
+def status() -> dict[str, str]:
+    """Each backend and whether it can run here: ``"available"`` or why not.
+
+    Builds the CPU kernel if it is not built yet, and imports triton (~3 s).
+    """
+    cpu_reason = _cpu.unavailable_reason()
+    triton_reason = triton_unavailable_reason()
+    if triton_reason is None and not torch.cuda.is_available():
+        triton_reason = "no CUDA device here (tests run the kernel with TRITON_INTERPRET=1)"
+    return {
+        "reference": "available",
+        "cpu": "available" if cpu_reason is None else cpu_reason,
+        "triton": "available" if triton_reason is None else triton_reason,
+    }
 
 
 def resolve_backend(backend: str, x: torch.Tensor) -> str:
@@ -72,7 +88,7 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
                 return "triton"
             _log_once("triton", f"posemb: Triton RoPE unavailable ({reason}); using the reference")
             return "reference"
-        if x.device.type == "cpu" and _cpu.load() is not None:
+        if x.device.type == "cpu" and _cpu.available():
             return "cpu"
         return "reference"
     if backend == "cpu":
@@ -360,6 +376,7 @@ __all__ = [
     "resolve_backend",
     "rotate",
     "rotate_cached",
+    "status",
     "triton_unavailable_reason",
 ]
 

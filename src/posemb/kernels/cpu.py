@@ -24,8 +24,10 @@ reference and says so once through ``logging``.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import shutil
+import sys
 import threading
 from types import ModuleType
 
@@ -81,7 +83,14 @@ def load(verbose: bool = False) -> ModuleType | None:
             from torch.utils.cpp_extension import load as build
 
             name, flags = _flags()
-            logger.info("building posemb's CPU RoPE kernel (%s); this happens once", name)
+            if not _is_built(name):
+                # A first call otherwise looks like a hang: say what the wait is, once.
+                print(
+                    f"posemb: building the fused CPU RoPE kernel {name} (once per machine, "
+                    f"20-30 s; `posemb kernels --build` does it ahead of time)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             try:
                 _ext = build(
                     name,
@@ -95,6 +104,23 @@ def load(verbose: bool = False) -> ModuleType | None:
         if _error is not None:
             logger.warning("posemb: fused CPU RoPE unavailable (%s); using the reference", _error)
         return _ext
+
+
+def _is_built(name: str) -> bool:
+    """Is a build of extension ``name`` already in torch's extension cache?"""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = _get_build_directory(name, verbose=False)
+    except Exception:  # a private helper: if it moves, say nothing rather than fail
+        return True
+    return os.path.exists(os.path.join(folder, f"{name}.so"))
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """Can the fused CPU path run here? (Builds it if needed; a constant under compile.)"""
+    return load() is not None
 
 
 def unavailable_reason() -> str | None:
