@@ -176,9 +176,7 @@ class RotaryEmbedding(nn.Module):
         # Tables per (device, dtype, what of the length the scaling reads): formed once in
         # float64, grown by doubling; not buffers, so .half() cannot degrade them and no
         # checkpoint carries them.
-        self._tables: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = (
-            collections.OrderedDict()
-        )
+        self._tables: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
         self.table_builds = 0
         """How many float64 tables this module has formed (tests count them)."""
 
@@ -223,14 +221,16 @@ class RotaryEmbedding(nn.Module):
 
     def _table(
         self, rows: int, seq_len: int, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached cos/sin for positions 0..rows-1 (at least), for a call of length ``seq_len``."""
+    ) -> torch.Tensor:
+        """Cached ``(2, rows', r/2)`` stack of cos and sin for positions 0..rows'-1, rows' >=
+        ``rows``, for a call of length ``seq_len`` (stacked: one gather serves both)."""
         key = (device, dtype, self.scaling.length_key(seq_len))
         hit = self._tables.get(key)
-        if hit is None or hit[0].shape[0] < rows:
+        if hit is None or hit.shape[1] < rows:
             # Doubling: a decode loop that grows one token at a time builds log(n) tables.
-            size = max(rows, min(2 * hit[0].shape[0] if hit is not None else 0, CACHE_ROWS))
-            hit = self._cos_sin(torch.arange(size, device=device), dtype, device, seq_len)
+            size = max(rows, min(2 * hit.shape[1] if hit is not None else 0, CACHE_ROWS))
+            cos, sin = self._cos_sin(torch.arange(size, device=device), dtype, device, seq_len)
+            hit = torch.stack((cos, sin))
             self.table_builds += 1
             self._tables[key] = hit
             if len(self._tables) > _TABLES_MAX:
@@ -248,17 +248,21 @@ class RotaryEmbedding(nn.Module):
             # Default positions 0..seq-1: the length is known on the host, no sync.
             if torch.compiler.is_compiling() or seq > CACHE_ROWS:
                 return self._cos_sin(pos, compute, x.device, seq)
-            cos, sin = self._table(seq, seq, x.device, compute)
-            return cos[:seq], sin[:seq]
+            both = self._table(seq, seq, x.device, compute)
+            return both[0, :seq], both[1, :seq]
         if torch.compiler.is_compiling() or not pos.numel():
             return self.cos_sin(pos, dtype=compute, device=x.device)
         # Explicit positions: one host sync for the range they span; far or negative positions
         # are computed directly rather than growing a table to reach them.
-        lo, hi = (int(v) for v in torch.aminmax(pos))
+        if pos.numel() <= 64 and pos.device.type == "cpu":  # a decode step: one small copy
+            values = pos.flatten().tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = (int(v) for v in torch.aminmax(pos))
         if lo < 0 or hi >= CACHE_ROWS:
             return self.cos_sin(pos, dtype=compute, device=x.device)
-        cos, sin = self._table(hi + 1, hi + 1, x.device, compute)
-        return cos[pos], sin[pos]
+        both = self._table(hi + 1, hi + 1, x.device, compute)[:, pos]  # one gather for both
+        return both[0], both[1]
 
     def _positions(self, x: torch.Tensor, positions: object) -> torch.Tensor:
         return _checks.positions_for(

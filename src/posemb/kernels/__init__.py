@@ -29,7 +29,7 @@ import torch
 
 from .. import _checks, _renamed
 from . import cpu as _cpu
-from . import ops as _ops  # noqa: F401  (registers torch.ops.posemb.rotate_cpu*)
+from . import ops as _ops  # registers torch.ops.posemb.rotate_cpu and rotate_cpu_
 from . import reference
 from .layout import Layout, as_layout
 
@@ -163,6 +163,17 @@ def _f32_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else _f32(t)
 
 
+def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Nothing traces these tensors and nothing needs their gradient: the registered op's
+    dispatch can be skipped (compile, export and autograd always go through it)."""
+    return (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    )
+
+
 def _refuse_inplace_grad(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> None:
     if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         raise ValueError(
@@ -209,6 +220,8 @@ def _cpu_pair(
     c, s, kc, ks = table(cos), table(sin), table(k_cos), table(k_sin)
     assert c is not None and s is not None
     interleaved = layout is Layout.INTERLEAVED
+    if _plain_eager(q, k):
+        return _ops.rotate_cpu_eager(q, k, c, s, kc, ks, interleaved, False, inplace)
     if inplace:
         torch.ops.posemb.rotate_cpu_(q, k, c, s, kc, ks, interleaved, False)
         return q, k
