@@ -22,7 +22,7 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
     methods = {r["method"] for r in rows}
     assert {"bandwidth: x.mul_(1.0)", "transformers eager", "posemb cpu in-place"} <= methods
     # Ratios are against the reference measured in the same run, row for row.
-    by = {(r["dtype"], r["mode"], r["method"]): r for r in rows}
+    by = {(r["dtype"], r["mode"], r["method"]): r for r in rows if r["shape_name"] == "decode"}
     for dtype in ("fp32", "bf16"):
         fused = by[(dtype, "forward", "posemb cpu in-place")]
         ref = by[(dtype, "forward", "bandwidth: x.mul_(1.0)")]
@@ -31,6 +31,11 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
         eager = by[(dtype, "forward", "transformers eager")]
         want = float(eager["median_ms"]) / float(fused["median_ms"])
         assert float(fused["vs_hf_eager"]) == pytest.approx(want, rel=1e-9)
+    # The decode-step rows: a 32-layer step per method, against transformers in the same run.
+    steps = [r for r in rows if r["shape_name"].startswith("decode-32L")]
+    assert {r["method"] for r in steps} >= {"posemb module, shared", "transformers eager"}
+    assert all(r["vs_hf_eager"] for r in steps)
+    assert "torch.compile reference" in methods
     for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps"):
         assert rows[0][key] != ""
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
