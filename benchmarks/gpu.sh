@@ -24,9 +24,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     | tee -a "$OUT/gpu.txt"
 
-# 1. Correctness on the GPU: every kernel test runs its CUDA variant when a GPU is present.
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
-    2>&1 | tee "$OUT/tests.txt"
+# 1. Correctness on the GPU: every kernel test runs its CUDA variant when a GPU is present,
+# opcheck runs all of its checks on the Triton ops (fake tensors included, which the CPU
+# interpreter cannot), and the Llama block compiles and exports with the Triton backend.
+timeout 170 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
+    tests/test_compile.py 2>&1 | tee "$OUT/tests.txt"
 
 # 2. Speed: all shapes, fp32 and bf16, forward/backward/both, against a device copy.
 timeout 150 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 \
