@@ -173,6 +173,10 @@ class RotaryEmbedding(nn.Module):
                 f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
             )
         self.backend = backend
+        if backend in ("auto", "cpu"):
+            # Load (or build, once per machine) the CPU kernel now rather than inside a
+            # forward that torch.compile may be tracing.
+            kernels.cpu.load()
         # Tables per (device, dtype, what of the length the scaling reads): formed once in
         # float64, grown by doubling; not buffers, so .half() cannot degrade them and no
         # checkpoint carries them.

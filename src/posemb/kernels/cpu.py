@@ -117,9 +117,11 @@ def _is_built(name: str) -> bool:
     return os.path.exists(os.path.join(folder, f"{name}.so"))
 
 
-@torch.compiler.assume_constant_result
 def available() -> bool:
-    """Can the fused CPU path run here? (Builds it if needed; a constant under compile.)"""
+    """Can the fused CPU path run here? Builds it if needed, except inside ``torch.compile``,
+    where it answers from what this process has loaded: tracing must not build (or lock)."""
+    if torch.compiler.is_compiling():
+        return _ext is not None
     return load() is not None
 
 
