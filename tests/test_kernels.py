@@ -359,3 +359,32 @@ def test_kernels_command(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["reference"] == report["cpu"] == "available"
     assert set(report) == {"reference", "cpu", "triton"}
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_opcheck_triton_ops_with_positions_offsets_and_packed_sequences(inplace):
+    from posemb.kernels import triton as _  # noqa: F401  (registers the ops)
+
+    op = torch.ops.posemb.rotate_triton_ if inplace else torch.ops.posemb.rotate_triton
+    g = torch.Generator().manual_seed(8)
+    cos, sin = (t.float().contiguous().to(DEVICE) for t in tables(torch.arange(64), 16, "cpu"))
+    q = torch.randn(2, 3, 5, 16, generator=g).to(DEVICE)
+    k = torch.randn(2, 1, 5, 16, generator=g).to(DEVICE)
+    pos = torch.tensor([[3, 9, 10, 20, 40]], device=DEVICE)
+    off = torch.tensor([0, 7], device=DEVICE)
+    grad = not inplace
+    cases = [
+        (q.requires_grad_(grad), k.requires_grad_(grad), pos, off, None, 0),
+        # Packed: sequences of 2 and 4 tokens, (total, heads, head_dim).
+        (
+            torch.randn(6, 3, 16, generator=g).to(DEVICE).requires_grad_(grad),
+            torch.randn(6, 1, 16, generator=g).to(DEVICE).requires_grad_(grad),
+            None,
+            off,
+            torch.tensor([0, 2, 6], device=DEVICE),
+            4,
+        ),
+    ]
+    for qq, kk, p, o, cu, max_len in cases:
+        args = (qq, kk, cos, sin, None, None, False, False, p, o, cu, max_len, 0)
+        torch.library.opcheck(op.default, args, test_utils=TRITON_OPCHECKS)
