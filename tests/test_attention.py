@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posemb
-from tolerances import TOL
+from tolerances import TOL, assert_close
 
 F64 = torch.float64
 
@@ -245,3 +245,95 @@ def test_gqa_and_masks_reach_sdpa_as_they_are(monkeypatch, encoding):
         assert mask.dtype == torch.float64  # a bias is a float tensor by nature
     else:
         assert mask.dtype == torch.bool
+
+
+# --- query temperature ---------------------------------------------------------------------------
+
+TEMPERATURES = [
+    posemb.temperature.Llama4AttnTemperature(floor_scale=4, attn_scale=0.5),
+    posemb.temperature.Llama4ScalingBetaTemperature(beta=0.3, original_max_position_embeddings=3),
+]
+
+
+def _scaled(q, temperature, qp):
+    """q times the factor at each query's position, in float64."""
+    f = temperature.factor(qp)
+    return q * (f[:, None, :, None] if f.dim() == 2 else f[:, None])
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES, ids=lambda t: t.kind)
+@pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
+def test_query_temperature_scales_each_query_at_its_position(encoding, temperature):
+    pa = posemb.PositionalAttention(
+        encoding, num_heads=4, head_dim=8, causal=True, query_temperature=temperature
+    ).double()
+    plain = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    plain.load_state_dict(pa.state_dict())
+    q, k, v = _qkv(b=2, h=4, hk=2, sq=13, sk=13, d=8, seed=3)
+    v = v[..., :8]
+    pos = torch.arange(13)
+    # Scaling a query commutes with its rotation (both act on the query alone), so the
+    # temperature can be applied before the naive path rotates.
+    want = naive(plain, _scaled(q, temperature, pos), k, v, pos, pos)
+    torch.testing.assert_close(pa(q, k, v), want, **TOL[F64])
+    # Offset and per-row positions: the factor is taken at the positions RoPE uses.
+    qp = torch.stack([torch.arange(20, 33), torch.arange(5, 18)])
+    got = pa(q, k, v, positions=qp, k_positions=qp)
+    for row in range(2):
+        want = naive(
+            plain,
+            _scaled(q[row : row + 1], temperature, qp[row]),
+            k[row : row + 1],
+            v[row : row + 1],
+            qp[row],
+            qp[row],
+        )
+        torch.testing.assert_close(got[row : row + 1], want, **TOL[F64])
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES, ids=lambda t: t.kind)
+def test_query_temperature_agrees_with_attention_probs_and_decoding(temperature):
+    pa = posemb.PositionalAttention(
+        "rope", num_heads=4, head_dim=8, causal=True, query_temperature=temperature
+    ).double()
+    q, k, v = _qkv(b=2, h=4, hk=1, sq=11, sk=11, d=8, seed=4)
+    full = pa(q, k, v)
+    pos = torch.arange(11)
+    qr = pa.encoding.rotate(_scaled(q, temperature, pos), pos)
+    probs = posemb.attention_probs(qr, pa.encoding.rotate(k, pos), causal=True)
+    torch.testing.assert_close(full, probs @ v.repeat_interleave(4, dim=1), **TOL[F64])
+    # One token at a time over a growing cache: each query is tempered at its own position.
+    steps = [pa(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1]) for t in range(11)]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, **TOL[F64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, F64])
+def test_query_temperature_in_every_dtype(monkeypatch, dtype):
+    """The queries SDPA sees are the exact products, rounded to q's dtype (the factor and
+    product in float32 for the half types: at most one float32 rounding more)."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(q)
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    temperature = TEMPERATURES[0]
+    pa = posemb.PositionalAttention("nope", num_heads=4, head_dim=8, query_temperature=temperature)
+    q, k, v = (t.to(dtype) for t in _qkv(sq=9, sk=9, seed=5))
+    out = pa(q, k, v)
+    assert out.dtype == dtype
+    want = _scaled(q.double(), temperature, torch.arange(9))
+    assert seen[-1].dtype == dtype
+    assert_close(seen[-1], want, dtype)
+    # Without a temperature, the module's queries reach SDPA untouched; attn_scale 0 is 1.
+    no_temp = posemb.PositionalAttention("nope", num_heads=4, head_dim=8)
+    assert torch.equal(no_temp(q, k, v), real(q, k, v, enable_gqa=True))
+    one = posemb.temperature.Llama4AttnTemperature(floor_scale=4, attn_scale=0.0)
+    same = posemb.PositionalAttention("nope", num_heads=4, head_dim=8, query_temperature=one)
+    assert torch.equal(same(q, k, v), no_temp(q, k, v))
+    assert "query_temperature=Llama4AttnTemperature(floor_scale=4, attn_scale=0.5)" in repr(pa)
+    assert "query_temperature" not in repr(no_temp)

@@ -26,7 +26,7 @@ def test_all_lists_exactly_the_public_api_and_documents_it():
         for name, value in vars(posemb).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
-    assert set(posemb.__all__) - {"hf", "scaling", "__version__"} == exported
+    assert set(posemb.__all__) - {"hf", "scaling", "temperature", "__version__"} == exported
     for name in exported:
         value = getattr(posemb, name)
         if inspect.isfunction(value) or inspect.isclass(value):

@@ -4,7 +4,7 @@ The public API is re-exported here; heavy optional dependencies are imported laz
 modules that need them, so ``import posemb`` costs little beyond ``import torch``.
 """
 
-from . import _renamed, hf, scaling
+from . import _renamed, hf, scaling, temperature
 from ._version import __version__
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import (
@@ -68,6 +68,7 @@ __all__ = [
     "scaling",
     "sinusoidal_table",
     "t5_relative_bucket",
+    "temperature",
     "wavelengths",
     "xpos_zeta",
 ]

@@ -16,6 +16,8 @@ from torch import nn
 from . import _checks
 from .bias import AlibiBias, FireBias, T5Bias
 from .rope import RotaryEmbedding, XPos
+from .temperature import QueryTemperature
+from .temperature import check as _check_temperature
 
 
 def attention_probs(
@@ -182,6 +184,9 @@ class PositionalAttention(nn.Module):
         num_heads: query heads.
         head_dim: channels per head.
         causal: mask keys at later positions than the query.
+        query_temperature: a :class:`posemb.temperature.QueryTemperature` (Llama 4's or
+            Mistral's); each query is multiplied by its factor at the query's position, the
+            same position RoPE turns it by, so every logit of that query scales by it.
         kwargs: passed to the encoding's constructor when ``encoding`` is a name.
     """
 
@@ -192,12 +197,14 @@ class PositionalAttention(nn.Module):
         num_heads: int,
         head_dim: int,
         causal: bool = False,
+        query_temperature: QueryTemperature | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.positive_int("head_dim", head_dim)
         self.causal = bool(causal)
+        self.query_temperature = _check_temperature(query_temperature)
         if isinstance(encoding, str):
             self.name = encoding
             self.encoding = make_encoding(encoding, num_heads, head_dim, causal, **kwargs)
@@ -238,7 +245,8 @@ class PositionalAttention(nn.Module):
             k: ``(batch, kv_heads, k_len, head_dim)``, not rotated (heads a divisor of q's).
             v: ``(batch, kv_heads, k_len, v_dim)``.
             positions: query positions ``(q_len,)`` or ``(batch, q_len)``; default the last
-                q_len of 0..k_len-1.
+                q_len of 0..k_len-1. RoPE turns the queries by them and the query temperature,
+                if any, is taken at them.
             k_positions: key positions ``(k_len,)`` or ``(batch, k_len)``; default 0..k_len-1.
             key_padding_mask: bool ``(batch, k_len)``, True where a key is padding.
 
@@ -275,6 +283,8 @@ class PositionalAttention(nn.Module):
             q, k = enc(q, k, qp, k_positions=kp)
         elif isinstance(enc, RotaryEmbedding):
             q, k = enc.rotate(q, qp), enc.rotate(k, kp)
+        if self.query_temperature is not None:
+            q = _scale_queries(q, self.query_temperature, qp)
         bias = None
         if isinstance(enc, (AlibiBias, T5Bias, FireBias)):
             bias = enc(qp, kp).to(q.dtype)
@@ -312,4 +322,21 @@ class PositionalAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
 
     def extra_repr(self) -> str:
-        return f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"
+        text = f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"
+        if self.query_temperature is not None:
+            text += f", query_temperature={self.query_temperature!r}"
+        return text
+
+
+def _scale_queries(
+    q: torch.Tensor, temperature: QueryTemperature, positions: torch.Tensor
+) -> torch.Tensor:
+    """``q`` ``(batch, heads, q_len, head_dim)`` times the factor at each query's position.
+
+    ``positions`` is ``(q_len,)`` or ``(1 or batch, q_len)``. The product is formed in float32
+    (float64 for float64 input) and rounded once to q's dtype, so a half-precision q is not
+    rounded twice as it would be by a factor first cast to its dtype.
+    """
+    f = temperature.factor(positions, dtype=_checks.compute_dtype(q))
+    f = f[:, None, :, None] if f.dim() == 2 else f[:, None]  # broadcasts over heads, head_dim
+    return (q.to(f.dtype) * f).to(q.dtype)
