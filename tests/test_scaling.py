@@ -193,12 +193,8 @@ def test_module_recomputes_dynamic_schedule_per_call_without_state():
             "DynamicNTK.original_max_position_embeddings must be a positive",
         ),
         (
-            lambda: sc.Yarn(2.0, 4096, beta_fast=1.0, beta_slow=1.0),
-            "Yarn.beta_fast must be greater than beta_slow",
-        ),
-        (
             lambda: sc.Yarn(2.0, 4096, beta_fast=1.0, beta_slow=32.0),
-            "Yarn.beta_fast must be greater",
+            "Yarn.beta_fast must not be less than beta_slow",
         ),
         (lambda: sc.Yarn(0.5, 4096), "Yarn.factor must be a finite number >= 1"),
         (
@@ -207,8 +203,8 @@ def test_module_recomputes_dynamic_schedule_per_call_without_state():
         ),
         (lambda: sc.Yarn(2.0, 4096, truncate="yes"), "Yarn.truncate must be true or false"),
         (
-            lambda: sc.Llama3(8.0, 4.0, 4.0, 8192),
-            "Llama3.low_freq_factor must be less than high_freq_factor",
+            lambda: sc.Llama3(8.0, 4.0, 2.0, 8192),
+            "Llama3.low_freq_factor must not exceed high_freq_factor",
         ),
         (
             lambda: sc.Llama3(8.0, 0.0, 4.0, 8192),

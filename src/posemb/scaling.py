@@ -276,10 +276,12 @@ class Yarn(RopeScaling):
         _length("Yarn", "original_max_position_embeddings", self.original_max_position_embeddings)
         _number("Yarn", "beta_slow", self.beta_slow, minimum=0.0, strict=True)
         _number("Yarn", "beta_fast", self.beta_fast, minimum=0.0, strict=True)
-        if self.beta_fast <= self.beta_slow:
+        # Equal betas are a hard step between kept and interpolated pairs; Kimi K2's published
+        # config uses beta_fast = beta_slow = 1.
+        if self.beta_fast < self.beta_slow:
             raise ValueError(
-                f"Yarn.beta_fast must be greater than beta_slow (pairs turning more than beta_fast "
-                f"times are kept, fewer than beta_slow interpolated), got beta_fast="
+                f"Yarn.beta_fast must not be less than beta_slow (pairs turning more than "
+                f"beta_fast times are kept, fewer than beta_slow interpolated), got beta_fast="
                 f"{self.beta_fast!r}, beta_slow={self.beta_slow!r}"
             )
         for name in ("mscale", "mscale_all_dim"):
@@ -348,7 +350,9 @@ class Llama3(RopeScaling):
     Args:
         factor: s >= 1.
         low_freq_factor: > 0.
-        high_freq_factor: > low_freq_factor.
+        high_freq_factor: >= low_freq_factor. Equal factors make a hard step with no blended
+            band (Llama 4 Scout ships low = high = 1: pairs slower than L are divided by s,
+            the rest kept; a pair exactly at lambda = L is kept, where the blend is 0/0).
         original_max_position_embeddings: L.
     """
 
@@ -362,9 +366,9 @@ class Llama3(RopeScaling):
         _number("Llama3", "factor", self.factor, minimum=1.0)
         _number("Llama3", "low_freq_factor", self.low_freq_factor, minimum=0.0, strict=True)
         _number("Llama3", "high_freq_factor", self.high_freq_factor, minimum=0.0, strict=True)
-        if self.low_freq_factor >= self.high_freq_factor:
+        if self.low_freq_factor > self.high_freq_factor:
             raise ValueError(
-                f"Llama3.low_freq_factor must be less than high_freq_factor, got "
+                f"Llama3.low_freq_factor must not exceed high_freq_factor, got "
                 f"low_freq_factor={self.low_freq_factor!r}, "
                 f"high_freq_factor={self.high_freq_factor!r}"
             )
@@ -385,6 +389,8 @@ class Llama3(RopeScaling):
     ) -> tuple[torch.Tensor, float]:
         inv, high, low = self._split(rotary_dim, base)
         s = float(self.factor)
+        if self.low_freq_factor == self.high_freq_factor:
+            return torch.where(low, inv / s, inv), 1.0
         g = (self.original_max_position_embeddings * inv / (2 * math.pi) - self.low_freq_factor) / (
             self.high_freq_factor - self.low_freq_factor
         )

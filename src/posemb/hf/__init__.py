@@ -39,7 +39,7 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
    static variant uses the frequencies of length factor * max_position_embeddings for every
    length. Both agree with posemb on a fresh module's first call at a given length.
 3. Bad values raise ``ValueError`` naming the key: ``factor < 1``, ``beta_fast <= beta_slow``,
-   ``low_freq_factor >= high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
+   ``low_freq_factor > high_freq_factor``, ``short_factor``/``long_factor`` of the wrong
    length, an odd rotary dimension. ``transformers`` logs a warning and carries on.
 4. ``original_max_position_embeddings`` is required for yarn, llama3 and longrope (in the rope
    dict or at the top level, the top level winning as in ``transformers``). ``transformers``
@@ -65,27 +65,37 @@ from __future__ import annotations
 from .. import _renamed
 from .config import (
     DEFAULT_THETA,
+    ROPE_KEYS,
     ROPE_TYPES,
     AttentionShape,
+    LayerKind,
+    ModelRope,
     RopeSpec,
     attention_shape,
     frequencies_from_config,
     load_config,
+    model_rope,
     rope_layer_types,
     rope_spec,
     rotary_from_config,
 )
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
+from .families import FAMILIES, Family
 from .inspect import format_inspect, inspect_report
 from .patch import HFRotaryEmbedding, patch_rotary
 
 __all__ = [
     "DEFAULT_THETA",
+    "FAMILIES",
     "K_PATTERN",
     "Q_PATTERN",
+    "ROPE_KEYS",
     "ROPE_TYPES",
     "AttentionShape",
+    "Family",
     "HFRotaryEmbedding",
+    "LayerKind",
+    "ModelRope",
     "RopeSpec",
     "attention_shape",
     "convert_checkpoint",
@@ -94,6 +104,7 @@ __all__ = [
     "frequencies_from_config",
     "inspect_report",
     "load_config",
+    "model_rope",
     "patch_rotary",
     "rope_layer_types",
     "rope_spec",

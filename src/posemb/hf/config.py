@@ -11,35 +11,88 @@ in :mod:`posemb.hf`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pathlib
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .. import _checks
 from .. import scaling as sc
+from .. import temperature as _temperature
 from ..rope import Layout, RotaryEmbedding
+from ..temperature import QueryTemperature
+from .families import Family, family_for
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
-DEFAULT_THETA = 10000.0  # transformers' default_theta when a config names none
+ROPE_TYPES = (
+    "default",
+    "linear",
+    "dynamic",
+    "yarn",
+    "longrope",
+    "llama3",
+    "proportional",
+    "ntk",
+)
+DEFAULT_THETA = 10000.0  # transformers' default_theta; posemb never assumes it (see rope_spec)
+
+_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+# What transformers 5.24's validators accept per rope type (modeling_rope_utils.py,
+# RotaryEmbeddingConfigMixin._validate_*), plus proportional's factor, which its compute reads.
+ROPE_KEYS: dict[str, frozenset[str]] = {
+    "default": _COMMON_KEYS,
+    "linear": _COMMON_KEYS | {"factor"},
+    "dynamic": _COMMON_KEYS | {"factor"},
+    "ntk": _COMMON_KEYS | {"factor"},
+    "yarn": _COMMON_KEYS
+    | {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+    "longrope": _COMMON_KEYS
+    | {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"}
+    | {"factor"},
+    "llama3": _COMMON_KEYS
+    | {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "proportional": _COMMON_KEYS | {"factor"},
+}
+_TEXT_KEYS = ("text_config", "llm_config", "language_config")
 
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Everything posemb needs from a config to build its rotary embedding.
+    """Everything posemb needs from a config to build the RoPE of one kind of layer.
 
     Attributes:
-        rope_type: one of :data:`ROPE_TYPES`.
-        head_dim: channels per attention head.
+        rope_type: one of :data:`ROPE_TYPES` (legacy spellings resolved).
+        head_dim: channels the RoPE acts on: the attention head, or its rotary part for
+            multi-head latent attention (``qk_rope_head_dim``), or ``global_head_dim`` for the
+            full-attention layers that have one.
         rotary_dim: channels that rotate (``head_dim`` for proportional RoPE).
-        base: ``rope_theta``.
+        base: ``rope_theta`` (or the family's spelling of it).
         scaling: the RoPE scaling.
         max_position_embeddings: as configured (None if absent).
         original_context: the length the model was pre-trained at, when the config says
             (``original_max_position_embeddings``, else ``max_position_embeddings``).
+        layout: the pairing the family's checkpoints rotate in.
+        mrope_section: multimodal RoPE: frequency pairs per axis (temporal, height, width).
+        mrope_interleaved: Qwen3-VL's interleaved assignment of pairs to axes.
+        temperature: the position-dependent factor on the queries that the family applies
+            beside RoPE (None: none).
+        layer_type: the layer type this spec is for (None: every layer).
+        model_type: the text config's ``model_type``.
+        notes: what a reader should know: defaults taken from ``transformers``, values that
+            change nothing, legacy spellings.
     """
 
     rope_type: str
@@ -49,6 +102,90 @@ class RopeSpec:
     scaling: sc.RopeScaling
     max_position_embeddings: int | None
     original_context: int | None
+    layout: Layout = Layout.HALF
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
+    temperature: QueryTemperature | None = None
+    layer_type: str | None = None
+    model_type: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def same_rope(self, other: RopeSpec) -> bool:
+        """True when both describe the same rotation (ignoring layer type and notes)."""
+        return replace(self, layer_type=None, notes=()) == replace(other, layer_type=None, notes=())
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One kind of layer and what it does with positions.
+
+    Attributes:
+        layer_type: the config's name for it (``layer_types`` entry; ``"rope"``/``"nope"`` for
+            Llama 4's ``no_rope_layers``); None when one RoPE serves every layer.
+        spec: its RoPE, or None for a layer that rotates nothing.
+        layers: the indices of the layers of this kind (empty when the config does not list them).
+        reason: why a layer kind rotates nothing.
+        temperature: the query temperature of a kind without RoPE (Llama 4's NoPE layers).
+    """
+
+    layer_type: str | None
+    spec: RopeSpec | None
+    layers: tuple[int, ...] = ()
+    reason: str = ""
+    temperature: QueryTemperature | None = None
+
+
+@dataclass(frozen=True)
+class ModelRope:
+    """What a whole config says about positions: its layer kinds, in order of first use.
+
+    Attributes:
+        model_type: the text config's ``model_type``.
+        family: the rule that read it (a :class:`~posemb.hf.families.Family` name).
+        text_config: where the text model's settings were read (``""`` for the top level,
+            e.g. ``"text_config"``).
+        kinds: the layer kinds.
+        resolved_from: the ``transformers`` config class that filled keys the file leaves to
+            the class defaults ("" when none were needed).
+    """
+
+    model_type: str | None
+    family: str
+    text_config: str
+    kinds: tuple[LayerKind, ...]
+    resolved_from: str = ""
+
+    @property
+    def per_layer_type(self) -> bool:
+        """True when the config distinguishes layer kinds."""
+        return not (len(self.kinds) == 1 and self.kinds[0].layer_type is None)
+
+    def kind(self, layer_type: str | None) -> LayerKind:
+        """The kind named ``layer_type``; None picks the single RoPE shared by every kind."""
+        names = [k.layer_type for k in self.kinds]
+        if not self.per_layer_type:
+            if layer_type is not None:
+                raise ValueError(
+                    f"layer_type {layer_type!r} given, but this config has one RoPE for every layer"
+                )
+            return self.kinds[0]
+        if layer_type is None:
+            with_rope = [k for k in self.kinds if k.spec is not None]
+            specs = [k.spec for k in with_rope]
+            first = specs[0] if specs else None
+            if first is not None and all(s is not None and s.same_rope(first) for s in specs):
+                return replace(with_rope[0], layer_type=None, spec=replace(first, layer_type=None))
+            raise ValueError(
+                f"this config gives each layer type its own RoPE ({', '.join(map(repr, names))}); "
+                f"pass layer_type"
+            )
+        for k in self.kinds:
+            if k.layer_type == layer_type:
+                return k
+        raise ValueError(
+            f"layer_type {layer_type!r} is not a layer type of this config; allowed: "
+            f"{', '.join(map(repr, names))}"
+        )
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
@@ -58,6 +195,8 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"config file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"config file {str(p)!r} is a directory, not a config.json") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"config file {str(p)!r} cannot be read as UTF-8 text: {err}") from None
     try:
@@ -90,110 +229,238 @@ _num = _checks.number
 _int = _checks.positive_int
 
 
-def _is_nested(params: object) -> bool:
+class _Missing(Exception):
+    """A key the file leaves to the model class's default (resolved through transformers)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _text_part(d: dict[str, object]) -> tuple[dict[str, object], str]:
+    """The text model's settings: a nested ``text_config``-like dict when there is one."""
+    for key in _TEXT_KEYS:
+        sub = d.get(key)
+        if isinstance(sub, dict) and sub:
+            return sub, key
+    return d, ""
+
+
+def _model_type(d: dict[str, object], text: dict[str, object]) -> str | None:
+    mt = text.get("model_type", d.get("model_type"))
+    return mt if isinstance(mt, str) else None
+
+
+def _rope_dict(text: dict[str, object]) -> tuple[str, dict[str, object], list[str]]:
+    """The rope dict as written, the key it came from, and notes about the choice."""
+    notes: list[str] = []
+    found: dict[str, dict[str, object]] = {}
+    for name in ("rope_parameters", "rope_scaling"):
+        v = text.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"{name} must be a JSON object or null, got {v!r}")
+        if v:
+            found[name] = dict(v)
+    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
+        # transformers' convert_rope_params_to_dict: rope_scaling wins when both are set.
+        notes.append("both rope_scaling and rope_parameters are set; rope_scaling is read")
+    for name in ("rope_scaling", "rope_parameters"):
+        if name in found:
+            return name, found[name], notes
+    return "rope_parameters", {}, notes
+
+
+def _is_nested(params: dict[str, object], layer_types: list[str] | None) -> bool:
     """True for a rope dict keyed by layer type (its values are dicts or null)."""
-    return (
-        isinstance(params, dict)
-        and bool(params)
-        and all(isinstance(v, dict) or v is None for v in params.values())
+    if not params or not all(isinstance(v, dict) or v is None for v in params.values()):
+        return False
+    return layer_types is None or all(k in layer_types for k in params)
+
+
+def _kinds(
+    text: dict[str, object], fam: Family, params: dict[str, object], nested: bool
+) -> list[tuple[str | None, tuple[int, ...]]]:
+    """The layer kinds of a config in order of first use, with their layer indices."""
+    if fam.layer_kinds_from_no_rope:
+        flags = text.get("no_rope_layers")
+        if not flags:
+            # Llama4TextConfig builds the pattern from no_rope_layer_interval when the list
+            # is null or empty, as Llama 4's published configs leave it.
+            raise _Missing("no_rope_layers")
+        if not isinstance(flags, list) or not all(f in (0, 1) for f in flags):
+            raise ValueError(f"no_rope_layers must be a list of 0/1 per layer, got {flags!r}")
+        rope = tuple(i for i, f in enumerate(flags) if f)
+        nope = tuple(i for i, f in enumerate(flags) if not f)
+        return [(n, ix) for n, ix in (("rope", rope), ("nope", nope)) if ix]
+    lt = text.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or not lt or not all(isinstance(t, str) and t for t in lt):
+            raise ValueError(f"layer_types must be a non-empty list of names, got {lt!r}")
+        order: dict[str, list[int]] = {}
+        for i, t in enumerate(lt):
+            order.setdefault(t, []).append(i)
+        return [(t, tuple(ix)) for t, ix in order.items()]
+    if nested:
+        return [(t, ()) for t in params]
+    return [(None, ())]
+
+
+def _check_keys(
+    where: str, p: dict[str, object], rope_type: str, fam: Family, strict: bool
+) -> list[str]:
+    """Refuse (or, lenient, list) rope keys that the rope type does not read."""
+    allowed = ROPE_KEYS[rope_type] | fam.rope_keys
+    unknown = sorted(k for k in p if k not in allowed)
+    if not unknown:
+        return []
+    if strict:
+        k = unknown[0]
+        close = difflib.get_close_matches(k, sorted(allowed), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"{where}[{k!r}] is not read by rope_type {rope_type!r}{hint}; allowed keys: "
+            f"{', '.join(sorted(allowed))} (strict=False / --lenient ignores it with a warning)"
+        )
+    warnings.warn(
+        f"{where}: ignored keys not read by rope_type {rope_type!r}: {', '.join(unknown)}",
+        UserWarning,
+        stacklevel=4,
     )
+    return [f"ignored keys (lenient): {', '.join(unknown)}"]
 
 
-def _raw_rope_params(d: dict[str, object]) -> tuple[str, dict[str, object]]:
-    """The config's rope dict as written (maybe keyed by layer type) and its key, for errors."""
-    if d.get("rope_parameters"):
-        src, params = "rope_parameters", d["rope_parameters"]
-    elif d.get("rope_scaling"):
-        src, params = "rope_scaling", d["rope_scaling"]
-    else:
-        src, params = "rope_parameters", {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{src} must be a JSON object, got {params!r}")
-    return src, params
+def _head_dim(text: dict[str, object], fam: Family, layer_type: str | None) -> tuple[int, str]:
+    """Channels the RoPE acts on, and the key that said so."""
+    if fam.rope_head_dim_key is not None:
+        v = text.get(fam.rope_head_dim_key)
+        if v is None:
+            raise _Missing(fam.rope_head_dim_key)
+        return _int(fam.rope_head_dim_key, v), fam.rope_head_dim_key
+    if (
+        fam.global_head_dim_key is not None
+        and layer_type == "full_attention"
+        and text.get(fam.global_head_dim_key) is not None
+    ):
+        key = fam.global_head_dim_key
+        return _int(key, text[key]), key
+    if text.get("head_dim") is not None:
+        return _int("head_dim", text["head_dim"]), "head_dim"
+    hidden = text.get("hidden_size", text.get("n_embd"))
+    heads = text.get("num_attention_heads", text.get("n_head"))
+    if hidden is None:
+        raise _Missing("head_dim")
+    if heads is None:
+        raise _Missing("num_attention_heads")
+    return _int("hidden_size", hidden) // _int("num_attention_heads", heads), "hidden_size"
 
 
-def _rope_params(d: dict[str, object], layer_type: str | None) -> tuple[str, dict[str, object]]:
-    """The rope dict of one layer type and the name to quote in errors."""
-    src, params = _raw_rope_params(d)
-    if _is_nested(params):
-        kinds = ", ".join(repr(k) for k in params)
-        if layer_type is None:
-            raise ValueError(f"{src} is given per layer type ({kinds}); pass layer_type")
-        if layer_type not in params:
-            raise ValueError(f"layer_type {layer_type!r} is not in {src}; allowed: {kinds}")
-        entry = params[layer_type]
-        if not isinstance(entry, dict):
-            raise ValueError(f"{src}[{layer_type!r}] is null: that layer type has no RoPE")
-        return f"{src}[{layer_type!r}]", dict(entry)
-    if layer_type is not None:
-        raise ValueError(f"layer_type {layer_type!r} given, but {src} is not per layer type")
-    return src, dict(params)
-
-
-def rope_layer_types(config: object) -> tuple[str, ...] | None:
-    """The layer types a config gives RoPE to, or None when one RoPE serves every layer.
-
-    Args:
-        config: a ``transformers`` config object or a ``config.json`` dict.
-
-    Returns:
-        For a rope dict keyed by layer type (Gemma 3 style), its keys whose value is not null,
-        in the config's order; None for a plain rope dict (or none at all).
-    """
-    _, params = _raw_rope_params(_as_dict(config))
-    if not _is_nested(params):
-        return None
-    return tuple(k for k, v in params.items() if v is not None)
-
-
-def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
-    """Read the RoPE description out of a config.
-
-    Args:
-        config: a ``transformers`` config object or a ``config.json`` dict (4.x or 5.x form).
-        layer_type: for configs with per-layer-type RoPE (Gemma 3 style), which one.
-
-    Returns:
-        A validated :class:`RopeSpec`.
-    """
-    d = _as_dict(config)
-    src, p = _rope_params(d, layer_type)
-    rope_type = p.get("rope_type") or p.get("type") or "default"
+def _read_kind(
+    text: dict[str, object],
+    fam: Family,
+    model_type: str | None,
+    src: str,
+    p: dict[str, object] | None,
+    layer_type: str | None,
+    strict: bool,
+    checked: set[int],
+) -> RopeSpec:
+    """One layer kind's RopeSpec from its rope dict ``p`` (as written) and the text config."""
+    notes: list[str] = []
+    p = dict(p or {})
+    raw_type = p.get("rope_type") or p.get("type") or "default"
+    legacy = p.get("type")
+    aliases = fam.rope_type_aliases
+    if (
+        p.get("rope_type")
+        and legacy
+        and aliases.get(legacy, legacy) != aliases.get(p["rope_type"], p["rope_type"])  # type: ignore[call-overload]
+    ):
+        raise ValueError(
+            f"{src}['rope_type'] is {p['rope_type']!r} but {src}['type'] is {legacy!r}; "
+            f"they must agree (or give only rope_type)"
+        )
+    if not isinstance(raw_type, str):
+        raise ValueError(f"{src}['rope_type'] must be a string, got {raw_type!r}")
+    rope_type = fam.rope_type_aliases.get(raw_type, raw_type)
+    if rope_type != raw_type:
+        notes.append(f"legacy rope type {raw_type!r} read as {rope_type!r}")
     if rope_type not in ROPE_TYPES:
         raise ValueError(
-            f"{src}['rope_type'] is {rope_type!r}; known rope types: {', '.join(ROPE_TYPES)}"
+            f"{src}['rope_type'] is {raw_type!r}; known rope types: {', '.join(ROPE_TYPES)}"
         )
-    theta = p.get("rope_theta", d.get("rope_theta"))
-    base = (
-        DEFAULT_THETA
-        if theta is None
-        else _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
-    )
+    if rope_type == "ntk":
+        notes.append(
+            "'ntk' is vLLM's fixed NTK scaling, not a transformers rope type: "
+            "posemb.scaling.VllmNTK"
+        )
+    if id(p) not in checked:
+        notes += _check_keys(src, p, rope_type, fam, strict)
 
-    head_dim = d.get("head_dim")
-    if head_dim is None:
-        hidden, heads = d.get("hidden_size"), d.get("num_attention_heads")
-        if hidden is None or heads is None:
-            raise ValueError("config needs head_dim, or hidden_size and num_attention_heads")
-        head_dim = _int("hidden_size", hidden) // _int("num_attention_heads", heads)
-    head_dim = _int("head_dim", head_dim)
-    partial = p.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    # The base: the rope dict, the top level, the family's spelling; never a silent default.
+    local = fam.scaling_on is not None and layer_type not in (None, fam.scaling_on)
+    theta = p.get("rope_theta")
+    if theta is None and local and fam.local_theta_key is not None:
+        theta = text.get(fam.local_theta_key)
+        if theta is None:
+            raise _Missing(fam.local_theta_key)
+    if theta is None:
+        theta = text.get("rope_theta")
+    if theta is None and fam.theta_key is not None:
+        theta = text.get(fam.theta_key)
+    if theta is None and fam.fixed_theta is not None:
+        theta = fam.fixed_theta
+    if theta is None:
+        raise _Missing("rope_theta")
+    base = _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
+
+    head_dim, _ = _head_dim(text, fam, layer_type)
+    partial_raw = p.get("partial_rotary_factor", text.get("partial_rotary_factor"))
+    if partial_raw is None and fam.partial_key is not None:
+        partial_raw = text.get(fam.partial_key)
+    if partial_raw is None and fam.partial_default is not None:
+        partial_raw = fam.partial_default
+        notes.append(
+            f"partial_rotary_factor not set: {fam.name}'s class default {fam.partial_default} "
+            f"(as in transformers 5.24)"
+        )
     # 0 is meaningful for proportional RoPE (no pair rotates); elsewhere the rotary-dimension
     # check below rejects it.
-    partial = 1.0 if partial is None else _num("partial_rotary_factor", partial, minimum=0)
+    partial = 1.0 if partial_raw is None else _num("partial_rotary_factor", partial_raw, minimum=0)
     if partial > 1:
         raise ValueError(f"partial_rotary_factor must be in [0, 1], got {partial!r}")
-    rotary_dim = head_dim if rope_type == "proportional" else int(head_dim * partial)
+    if fam.rotary_dim_key is not None:
+        rd = text.get(fam.rotary_dim_key)
+        if rd is None:
+            raise ValueError(
+                f"{fam.rotary_dim_key} is null: transformers' {fam.tested_with.split(' ')[0]} then "
+                f"forms frequencies over hidden_size, not the head; posemb does not read this"
+            )
+        rotary_dim = _int(fam.rotary_dim_key, rd)
+        if rotary_dim > head_dim:
+            raise ValueError(
+                f"{fam.rotary_dim_key} {rotary_dim} exceeds the head dimension {head_dim}"
+            )
+    elif rope_type == "proportional":
+        rotary_dim = head_dim
+    else:
+        rotary_dim = int(head_dim * partial)
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(
             f"rotary dimension int(head_dim * partial_rotary_factor) = {rotary_dim} must be even "
             f"and >= 2 (head_dim={head_dim}, partial_rotary_factor={partial})"
         )
 
-    max_pos = d.get("max_position_embeddings")
+    layout = fam.default_layout
+    if fam.layout_key is not None and text.get(fam.layout_key) is not None:
+        flag = text[fam.layout_key]
+        if not isinstance(flag, bool):
+            raise ValueError(f"{fam.layout_key} must be true or false, got {flag!r}")
+        layout = Layout.INTERLEAVED if flag else Layout.HALF
+
+    max_pos = text.get("max_position_embeddings", text.get("n_positions"))
     if max_pos is not None:
         max_pos = _int("max_position_embeddings", max_pos)
-    raw_orig = d.get("original_max_position_embeddings")
+    raw_orig = text.get("original_max_position_embeddings")
     if raw_orig is None:
         raw_orig = p.get("original_max_position_embeddings")
     orig = None if raw_orig is None else _int("original_max_position_embeddings", raw_orig)
@@ -202,7 +469,68 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
             f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
             f"the pre-training context length (a positive integer)"
         )
-    original = orig or 0  # set wherever it is read: the check above
+
+    scaling = _scaling(src, p, rope_type, rotary_dim, partial, max_pos, orig or 0, notes)
+
+    section: tuple[int, int, int] | None = None
+    interleaved = False
+    if p.get("mrope_section") is not None:
+        raw = p["mrope_section"]
+        if not (isinstance(raw, list) and len(raw) == 3):
+            raise ValueError(f"{src}['mrope_section'] must be a list of 3 integers, got {raw!r}")
+        s0, s1, s2 = (_int(f"{src}['mrope_section'][{i}]", x) for i, x in enumerate(raw))
+        section = (s0, s1, s2)
+        if sum(section) != rotary_dim // 2:
+            raise ValueError(
+                f"{src}['mrope_section'] {list(section)} sums to {sum(section)}, but the rotary "
+                f"dimension has {rotary_dim // 2} pairs"
+            )
+        flag = p.get("mrope_interleaved", False)
+        if not isinstance(flag, bool):
+            raise ValueError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
+        interleaved = flag
+
+    temperature = None
+    if fam.temperature == "llama4_beta" and p.get("llama_4_scaling_beta") is not None:
+        beta = _num(f"{src}['llama_4_scaling_beta']", p["llama_4_scaling_beta"], minimum=0)
+        length = p.get("original_max_position_embeddings", orig)
+        if length is None:
+            raise _Missing("original_max_position_embeddings")
+        temperature = _temperature.Llama4ScalingBetaTemperature(
+            beta, _int("original_max_position_embeddings", length)
+        )
+        if beta == 0:
+            notes.append("llama_4_scaling_beta is 0: the query temperature is 1 at every position")
+
+    return RopeSpec(
+        rope_type=rope_type,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        base=base,
+        scaling=scaling,
+        max_position_embeddings=max_pos,
+        original_context=orig if orig is not None else max_pos,
+        layout=layout,
+        mrope_section=section,
+        mrope_interleaved=interleaved,
+        temperature=temperature,
+        layer_type=layer_type,
+        model_type=model_type,
+        notes=tuple(notes),
+    )
+
+
+def _scaling(
+    src: str,
+    p: dict[str, object],
+    rope_type: str,
+    rotary_dim: int,
+    partial: float,
+    max_pos: int | None,
+    original: int,
+    notes: list[str],
+) -> sc.RopeScaling:
+    """The scaling object of one rope dict."""
 
     def factor(required: bool = True, default: float = 1.0) -> float:
         f = p.get("factor")
@@ -219,43 +547,53 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
         return None if v is None else _num(f"{src}[{key!r}]", v, minimum=0)
 
     try:
-        scaling: sc.RopeScaling
         if rope_type == "default":
-            scaling = sc.Default()
-        elif rope_type == "linear":
-            scaling = sc.Linear(factor())
-        elif rope_type == "dynamic":
+            return sc.Default()
+        if rope_type == "linear":
+            return sc.Linear(factor())
+        if rope_type == "ntk":
+            return sc.VllmNTK(factor())
+        if rope_type == "dynamic":
             if max_pos is None:
                 raise ValueError(
                     "max_position_embeddings is missing: rope_type 'dynamic' scales from it"
                 )
-            scaling = sc.DynamicNTK(factor(), max_pos)
-        elif rope_type == "yarn":
+            return sc.DynamicNTK(factor(), max_pos)
+        if rope_type == "yarn":
             truncate = p.get("truncate", True)
             if not isinstance(truncate, bool):
                 raise ValueError(f"{src}['truncate'] must be true or false, got {truncate!r}")
-            scaling = sc.Yarn(
+            mscale, mscale_all = opt("mscale"), opt("mscale_all_dim")
+            if p.get("attention_factor") is None and bool(mscale) != bool(mscale_all):
+                # transformers' _compute_yarn_parameters uses the pair only when both are set
+                # (and nonzero); otherwise 0.1 ln(factor) + 1, whatever the one says.
+                given = "mscale" if mscale else "mscale_all_dim"
+                notes.append(
+                    f"{given} without {'mscale_all_dim' if given == 'mscale' else 'mscale'} "
+                    f"changes nothing: the attention factor is 0.1 ln(factor) + 1"
+                )
+            return sc.Yarn(
                 factor(),
                 original,
                 # transformers reads a null or 0 beta as its default (32 / 1).
                 beta_fast=opt("beta_fast") or 32.0,
                 beta_slow=opt("beta_slow") or 1.0,
-                mscale=opt("mscale"),
-                mscale_all_dim=opt("mscale_all_dim"),
+                mscale=mscale,
+                mscale_all_dim=mscale_all,
                 attention_factor=opt("attention_factor"),
                 truncate=truncate,
             )
-        elif rope_type == "llama3":
+        if rope_type == "llama3":
             for key in ("low_freq_factor", "high_freq_factor"):
                 if p.get(key) is None:
                     raise ValueError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
-            scaling = sc.Llama3(
+            return sc.Llama3(
                 factor(),
                 _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
                 _num(f"{src}['high_freq_factor']", p["high_freq_factor"], minimum=0, strict=True),
                 original,
             )
-        elif rope_type == "longrope":
+        if rope_type == "longrope":
             lists: dict[str, tuple[float, ...]] = {}
             for key in ("short_factor", "long_factor"):
                 v = p.get(key)
@@ -276,32 +614,212 @@ def rope_spec(config: object, layer_type: str | None = None) -> RopeSpec:
                     f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
                     f"'longrope' needs one of them"
                 )
-            scaling = sc.LongRope(
+            return sc.LongRope(
                 lists["short_factor"],
                 lists["long_factor"],
                 original,
                 factor=max(factor(required=False, default=derived or 1.0), 1.0),
                 attention_factor=opt("attention_factor"),
             )
-        else:  # proportional
-            scaling = sc.Proportional(partial, factor(required=False, default=1.0))
+        return sc.Proportional(partial, factor(required=False, default=1.0))
     except ValueError as err:
         msg = str(err)
         raise ValueError(msg if msg.startswith(src) else f"{src}: {msg}") from None
 
-    return RopeSpec(
-        rope_type=rope_type,
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        base=base,
-        scaling=scaling,
-        max_position_embeddings=max_pos,
-        original_context=orig if orig is not None else max_pos,
+
+def _read(d: dict[str, object], strict: bool) -> ModelRope:
+    """Read every layer kind; raises _Missing for a key left to the class default."""
+    text, where = _text_part(d)
+    model_type = _model_type(d, text)
+    fam = family_for(model_type, set(text))
+    if fam.no_rope_unless is not None and text.get(fam.no_rope_unless):
+        raise ValueError(
+            f"model_type {model_type!r} with {fam.no_rope_unless}: true uses no RoPE; there is "
+            f"nothing to read"
+        )
+    src, params, notes = _rope_dict(text)
+    prefix = f"{where}." if where else ""
+    src = prefix + src
+    lt = text.get("layer_types")
+    nested = _is_nested(params, lt if isinstance(lt, list) else None)
+    kinds_out: list[LayerKind] = []
+    checked: set[int] = set()
+    temperature = None
+    if fam.temperature == "llama4":
+        tuning = text.get("attn_temperature_tuning")
+        if tuning is None:
+            raise _Missing("attn_temperature_tuning")
+        if tuning:
+            for key in ("floor_scale", "attn_scale"):
+                if text.get(key) is None:
+                    raise _Missing(key)
+            temperature = _temperature.Llama4AttnTemperature(
+                _int("floor_scale", text["floor_scale"]),
+                _num("attn_scale", text["attn_scale"], minimum=0),
+            )
+    for name, layers in _kinds(text, fam, params, nested):
+        where_kind = src if not nested else f"{src}[{name!r}]"
+        if name is not None and name in fam.nope_layer_types:
+            kinds_out.append(LayerKind(name, None, layers, f"{name} layers have no attention RoPE"))
+            continue
+        if fam.nope_full_if_sliding and name == "full_attention" and text.get("sliding_window"):
+            kinds_out.append(
+                LayerKind(name, None, layers, "EXAONE 4 rotates only its sliding-window layers")
+            )
+            continue
+        if name == "nope" and fam.layer_kinds_from_no_rope:
+            kinds_out.append(
+                LayerKind(name, None, layers, "no_rope_layers marks them NoPE", temperature)
+            )
+            continue
+        if nested:
+            if name not in params:
+                raise ValueError(
+                    f"{src} has no entry for layer type {name!r}; it has "
+                    f"{', '.join(map(repr, params))}"
+                )
+            entry = params[name]
+            if entry is None:
+                kinds_out.append(LayerKind(name, None, layers, f"{where_kind} is null"))
+                continue
+            p: dict[str, object] = dict(entry)  # type: ignore[call-overload]
+        elif fam.scaling_on is not None and name not in (None, fam.scaling_on):
+            # Gemma 3 / OLMo 3: a flat rope_scaling is the full-attention layers' scaling;
+            # the other layers rotate plainly (configuration_gemma3.py, configuration_olmo3.py).
+            if params:
+                rope_type = params.get("rope_type") or params.get("type") or "default"
+                if isinstance(rope_type, str) and rope_type in ROPE_KEYS:
+                    notes += _check_keys(src, params, rope_type, fam, strict)
+                checked.add(id(params))
+            p = {"rope_type": "default"}
+            if "rope_theta" in params and fam.local_theta_key is None:
+                p["rope_theta"] = params["rope_theta"]
+        else:
+            p = params
+        spec = _read_kind(text, fam, model_type, where_kind, p, name, strict, checked)
+        if p is params:
+            checked.add(id(params))
+        spec = replace(spec, notes=tuple(notes) + spec.notes)
+        kinds_out.append(LayerKind(name, spec, layers))
+    if not any(k.spec is not None for k in kinds_out):
+        raise ValueError(f"model_type {model_type!r}: no layer of this config uses RoPE")
+    return ModelRope(model_type, fam.name, where, tuple(kinds_out))
+
+
+def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict[str, object]:
+    """The config as ``transformers``' config class completes it, for a key the file omits."""
+    what = f"model_type {model_type!r}" if model_type else "a config without model_type"
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(
+            f"{what} does not set {missing!r} and leaves it to the model class's default; "
+            f"posemb does not guess it: install transformers to read the default, or add the key"
+        ) from None
+    outer_type = d.get("model_type")
+    if not isinstance(outer_type, str):
+        raise ValueError(
+            f"{what} does not set {missing!r}, and without model_type no class default can be read"
+        )
+    try:
+        cfg = transformers.AutoConfig.for_model(
+            outer_type, **{k: v for k, v in d.items() if k != "model_type"}
+        )
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(
+            f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
+            f"build its config to read the default ({type(err).__name__}: {str(err)[:120]})"
+        ) from None
+    text = cfg.get_text_config(decoder=True)
+    out: dict[str, object] = dict(text.to_dict())
+    out["__resolved_from__"] = type(text).__name__
+    return out
+
+
+def model_rope(config: object, *, strict: bool = True) -> ModelRope:
+    """Read what a config says about positions, layer kind by layer kind.
+
+    Handles the text model's settings nested under ``text_config``/``llm_config``/
+    ``language_config``, per-layer-type RoPE (``layer_types``, nested ``rope_parameters``,
+    Gemma 3's ``rope_local_base_freq``, OLMo 3's full-attention-only YaRN, Llama 4's
+    ``no_rope_layers``), the family keys of :mod:`posemb.hf.families` and legacy spellings.
+
+    A key the file leaves to the model class's default (e.g. ``rope_theta`` in Gemma 3's
+    published configs) is read through ``transformers``' config class when it is installed, and
+    said in each spec's notes; without it the call raises. posemb never assumes a default base.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict.
+        strict: a rope key that the rope type does not read raises (False: warns and notes it).
+
+    Returns:
+        The :class:`ModelRope`.
+    """
+    d = _as_dict(config)
+    try:
+        return _read(d, strict)
+    except _Missing as err:
+        missing = err.key
+    text, _ = _text_part(d)
+    model_type = _model_type(d, text)
+    filled = _resolve(d, missing, model_type)
+    cls = str(filled.pop("__resolved_from__"))
+    try:
+        out = _read(filled, strict)
+    except _Missing as again:
+        raise ValueError(
+            f"model_type {model_type!r}: {again.key!r} is missing even after transformers' "
+            f"{cls} filled its defaults"
+        ) from None
+    note = f"{missing} not in the file: every value read from transformers' {cls} defaults"
+    kinds = tuple(
+        replace(k, spec=replace(k.spec, notes=(note, *k.spec.notes))) if k.spec else k
+        for k in out.kinds
     )
+    return replace(out, kinds=kinds, resolved_from=cls)
+
+
+def rope_layer_types(config: object, *, strict: bool = True) -> tuple[str, ...] | None:
+    """The layer types a config gives RoPE to, or None when one RoPE serves every layer.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict.
+        strict: as in :func:`model_rope`.
+
+    Returns:
+        The layer kinds that rotate, in order of first use; None for a config without layer
+        kinds (one rope dict, no ``layer_types``).
+    """
+    m = model_rope(config, strict=strict)
+    if not m.per_layer_type:
+        return None
+    return tuple(k.layer_type for k in m.kinds if k.spec is not None and k.layer_type)
+
+
+def rope_spec(config: object, layer_type: str | None = None, *, strict: bool = True) -> RopeSpec:
+    """Read the RoPE of one kind of layer out of a config.
+
+    Args:
+        config: a ``transformers`` config object or a ``config.json`` dict (4.x or 5.x form).
+        layer_type: for configs with layer kinds whose RoPE differs, which one (see
+            :func:`rope_layer_types`); None when every rotating layer shares one.
+        strict: as in :func:`model_rope`.
+
+    Returns:
+        A validated :class:`RopeSpec`.
+    """
+    kind = model_rope(config, strict=strict).kind(layer_type)
+    if kind.spec is None:
+        raise ValueError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
+    return kind.spec
 
 
 def frequencies_from_config(
-    config: object, seq_len: int | None = None, layer_type: str | None = None
+    config: object,
+    seq_len: int | None = None,
+    layer_type: str | None = None,
+    *,
+    strict: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """``(inv_freq, attention_factor)`` for a config, as ``transformers``' rope init computes.
 
@@ -309,24 +827,32 @@ def frequencies_from_config(
         config: a ``transformers`` config object or a ``config.json`` dict.
         seq_len: current sequence length, for dynamic and longrope.
         layer_type: for per-layer-type configs.
+        strict: as in :func:`model_rope`.
 
     Returns:
         float64 tensor ``(rotary_dim // 2,)`` and the factor on cos and sin.
     """
-    spec = rope_spec(config, layer_type)
+    spec = rope_spec(config, layer_type, strict=strict)
     if seq_len is not None:
         _int("seq_len", seq_len)
     return spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
 
 
-def rotary_from_config(config: object, layer_type: str | None = None) -> RotaryEmbedding:
-    """A :class:`RotaryEmbedding` (HALF layout, as Hugging Face weights are) for a config."""
-    spec = rope_spec(config, layer_type)
+def rotary_from_config(
+    config: object, layer_type: str | None = None, *, strict: bool = True
+) -> RotaryEmbedding:
+    """A :class:`RotaryEmbedding` for a config, in the layout its checkpoints rotate in.
+
+    ``head_dim`` of the module is the channels RoPE acts on (for multi-head latent attention the
+    rotary part of the head, ``qk_rope_head_dim``). Multimodal RoPE (``mrope_section``) needs
+    3D positions: use :func:`posemb.mrope` with the spec's section instead.
+    """
+    spec = rope_spec(config, layer_type, strict=strict)
     return RotaryEmbedding(
         spec.head_dim,
         base=spec.base,
         rotary_dim=spec.rotary_dim,
-        layout=Layout.HALF,
+        layout=spec.layout,
         scaling=spec.scaling,
     )
 
@@ -374,12 +900,16 @@ def attention_shape(config: object) -> AttentionShape:
 
 __all__ = [
     "DEFAULT_THETA",
+    "ROPE_KEYS",
     "ROPE_TYPES",
     "AttentionShape",
+    "LayerKind",
+    "ModelRope",
     "RopeSpec",
     "attention_shape",
     "frequencies_from_config",
     "load_config",
+    "model_rope",
     "rope_layer_types",
     "rope_spec",
     "rotary_from_config",

@@ -1,0 +1,316 @@
+"""What each model family keeps where: the per-family rules behind :mod:`posemb.hf.config`.
+
+A published ``config.json`` carries the RoPE description in the generic keys (``rope_parameters``
+or ``rope_scaling``, ``rope_theta``, ``head_dim``, ``partial_rotary_factor``) *plus* keys only one
+family reads: the rotary part of a multi-head-latent-attention head (``qk_rope_head_dim``),
+GPT-NeoX's ``rotary_pct``/``rotary_emb_base``, Gemma 3's ``rope_local_base_freq`` for its sliding
+layers, and so on. Reading only the generic keys gets those families silently wrong, so every
+such key is declared here with the family that reads it, and :func:`family_for` refuses a config
+that carries one of them under a model type that does not declare it.
+
+Each rule states what ``transformers`` 5.24 does for that model type (the file it was read from is
+named in the rule) and is tested against it on published configs in
+``tests/test_hf_real_configs.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..kernels.layout import Layout
+
+# Keys outside the rope parameters that change which channels rotate, at what base, or in which
+# layout. A config that carries one under a model type whose rule does not read it is refused:
+# reading around it would give a different schedule without a word.
+FAMILY_KEYS = frozenset(
+    {
+        "qk_rope_head_dim",
+        "rotary_dim",
+        "rotary_pct",
+        "rotary_emb_base",
+        "rope_local_base_freq",
+        "global_head_dim",
+        "rope_interleave",
+        "no_rope_layers",
+        "attn_temperature_tuning",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family's config describes its RoPE.
+
+    Attributes:
+        name: the family as the README's table names it.
+        model_types: the ``model_type`` values (of the text config) the rule applies to.
+        tested_with: the ``transformers`` rotary module the tests compare against.
+        rope_head_dim_key: key holding the rotary part of the head, for multi-head latent
+            attention (the frequencies are formed over this many channels, all rotating).
+        rotary_dim_key: key giving the number of rotating channels directly (GPT-J, CodeGen);
+            null there means the whole head rotates.
+        partial_key: another spelling of ``partial_rotary_factor`` (GPT-NeoX ``rotary_pct``).
+        theta_key: another spelling of ``rope_theta`` (GPT-NeoX ``rotary_emb_base``).
+        fixed_theta: a base the modeling code fixes and no config key changes (GPT-J).
+        local_theta_key: base of the sliding-window layers (Gemma 3 ``rope_local_base_freq``).
+        scaling_on: the one layer type a flat ``rope_scaling`` applies to; the other layer
+            types get plain RoPE (Gemma 3, OLMo 3).
+        nope_layer_types: layer types that rotate nothing (linear attention, EXAONE 4's global
+            layers when a sliding window is set).
+        nope_full_if_sliding: EXAONE 4: full-attention layers rotate only without a sliding window.
+        global_head_dim_key: head size of the full-attention layers when it differs (Gemma 4).
+        layout_key: key choosing the pairing; ``default_layout`` when absent.
+        default_layout: the pairing the family's checkpoints rotate in.
+        rope_keys: keys the family keeps inside the rope parameters for other uses
+            (``transformers``' ``ignore_keys_at_rope_validation``).
+        rope_type_aliases: legacy ``type`` spellings the family's config class renames.
+        temperature: the position-dependent query scaling the family applies beside RoPE:
+            ``"llama4"`` (``attn_temperature_tuning``) or ``"llama4_beta"``
+            (``llama_4_scaling_beta`` in the rope parameters).
+        partial_default: the family's class default for the rotary fraction when it is not
+            1 (a config that omits it relies on that default).
+        layer_kinds_from_no_rope: Llama 4: ``no_rope_layers`` (1 = RoPE, 0 = none) splits the
+            layers into the kinds ``"rope"`` and ``"nope"``.
+        mrope: the family uses multimodal RoPE (``mrope_section`` in the rope parameters).
+        tables: what the family's rotary module returns, which :class:`~posemb.hf.HFRotaryEmbedding`
+            reproduces: ``"half"`` (``cat([cos, cos])`` and sin, for ``rotate_half``),
+            ``"interleaved"`` (each of cos and sin repeated twice in place, GLM-4V),
+            ``"complex"`` (``cos + i sin`` of width rotary_dim / 2: Llama 4, DeepSeek-V2) or
+            ``"table"`` (GPT-J's stacked sin/cos buffer, which posemb does not replace).
+        no_rope_unless: a boolean key that must be false for the model to use RoPE at all
+            (Falcon's ``alibi``).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    tested_with: str
+    rope_head_dim_key: str | None = None
+    rotary_dim_key: str | None = None
+    partial_key: str | None = None
+    theta_key: str | None = None
+    fixed_theta: float | None = None
+    local_theta_key: str | None = None
+    scaling_on: str | None = None
+    nope_layer_types: frozenset[str] = frozenset()
+    nope_full_if_sliding: bool = False
+    global_head_dim_key: str | None = None
+    layout_key: str | None = None
+    default_layout: Layout = Layout.HALF
+    rope_keys: frozenset[str] = frozenset()
+    rope_type_aliases: dict[str, str] = field(default_factory=dict)
+    temperature: str | None = None
+    partial_default: float | None = None
+    layer_kinds_from_no_rope: bool = False
+    mrope: bool = False
+    no_rope_unless: str | None = None
+    tables: str = "half"
+
+    def reads(self) -> frozenset[str]:
+        """The keys of :data:`FAMILY_KEYS` this rule reads."""
+        keys = {
+            self.rope_head_dim_key,
+            self.rotary_dim_key,
+            self.partial_key,
+            self.theta_key,
+            self.local_theta_key,
+            self.global_head_dim_key,
+            self.layout_key,
+        }
+        if self.layer_kinds_from_no_rope:
+            keys.add("no_rope_layers")
+        if self.temperature == "llama4":
+            keys.add("attn_temperature_tuning")
+        return frozenset(k for k in keys if k is not None) & FAMILY_KEYS
+
+
+_MROPE = frozenset({"mrope_section", "mrope_interleaved"})
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "DeepSeek-V3 / V3.2, Kimi K2 (multi-head latent attention)",
+        ("deepseek_v3", "deepseek_v32", "kimi_k2"),
+        "DeepseekV3RotaryEmbedding",
+        rope_head_dim_key="qk_rope_head_dim",
+        # modeling_deepseek_v3.py rotates interleaved pairs unless rope_interleave is false.
+        layout_key="rope_interleave",
+        default_layout=Layout.INTERLEAVED,
+    ),
+    Family(
+        "DeepSeek-V2 (multi-head latent attention)",
+        ("deepseek_v2",),
+        "DeepseekV2RotaryEmbedding",
+        rope_head_dim_key="qk_rope_head_dim",
+        # modeling_deepseek_v2.py multiplies complex pairs: always interleaved.
+        default_layout=Layout.INTERLEAVED,
+        tables="complex",
+    ),
+    Family(
+        "MiniCPM3 (multi-head latent attention)",
+        ("minicpm3",),
+        "MiniCPM3RotaryEmbedding",
+        rope_head_dim_key="qk_rope_head_dim",
+    ),
+    Family(
+        "GLM-4.7-Flash / GLM-4 MoE Lite (multi-head latent attention)",
+        ("glm4_moe_lite",),
+        "Glm4MoeLiteRotaryEmbedding",
+        rope_head_dim_key="qk_rope_head_dim",
+        layout_key="rope_interleave",
+        default_layout=Layout.INTERLEAVED,
+    ),
+    Family(
+        "GPT-J",
+        ("gptj",),
+        "GPTJRotaryEmbedding (embed_positions table)",
+        rotary_dim_key="rotary_dim",
+        # modeling_gptj.py builds its table with base 10000 and no config key for it.
+        fixed_theta=10000.0,
+        default_layout=Layout.INTERLEAVED,
+        tables="table",
+    ),
+    Family(
+        "GPT-NeoX / Pythia",
+        ("gpt_neox", "gpt_neox_japanese"),
+        "GPTNeoXRotaryEmbedding",
+        partial_key="rotary_pct",
+        theta_key="rotary_emb_base",
+        partial_default=0.25,
+    ),
+    Family(
+        "Phi-1 / Phi-2",
+        ("phi",),
+        "PhiRotaryEmbedding",
+        partial_default=0.5,
+        # phi-1's config also keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig
+        # ignores it (the modeling code reads only the fraction).
+        rope_keys=frozenset(),
+    ),
+    Family(
+        "Persimmon / Fuyu", ("persimmon", "fuyu"), "PersimmonRotaryEmbedding", partial_default=0.5
+    ),
+    Family("StableLM", ("stablelm",), "StableLmRotaryEmbedding", partial_default=0.25),
+    Family("GLM / GLM-4", ("glm", "glm4"), "GlmRotaryEmbedding", partial_default=0.5),
+    Family(
+        "Phi-3 / Phi-3.5 / Phi-4 (LongRoPE)",
+        ("phi3", "phimoe"),
+        "Phi3RotaryEmbedding",
+        # configuration_phi3.py renames the early spellings of LongRoPE.
+        rope_type_aliases={"su": "longrope", "yarn": "longrope"},
+    ),
+    Family(
+        "Gemma 3 / Gemma 3n",
+        ("gemma3", "gemma3_text", "gemma3n", "gemma3n_text"),
+        "Gemma3RotaryEmbedding",
+        local_theta_key="rope_local_base_freq",
+        scaling_on="full_attention",
+    ),
+    Family(
+        "Gemma 4",
+        ("gemma4", "gemma4_text"),
+        "Gemma4TextRotaryEmbedding",
+        global_head_dim_key="global_head_dim",
+    ),
+    Family("OLMo 3", ("olmo3",), "Olmo3RotaryEmbedding", scaling_on="full_attention"),
+    Family(
+        "EXAONE 4",
+        ("exaone4",),
+        "Exaone4RotaryEmbedding",
+        # modeling_exaone4.py rotates only on sliding layers when a sliding window is set.
+        nope_full_if_sliding=True,
+    ),
+    Family(
+        "Llama 4",
+        ("llama4", "llama4_text"),
+        "Llama4TextRotaryEmbedding",
+        default_layout=Layout.INTERLEAVED,
+        layer_kinds_from_no_rope=True,
+        temperature="llama4",
+        tables="complex",
+    ),
+    Family(
+        "Ministral 3 / Mistral 3 (Devstral 2)",
+        ("ministral3",),
+        "Ministral3RotaryEmbedding",
+        rope_keys=frozenset({"llama_4_scaling_beta", "max_position_embeddings"}),
+        temperature="llama4_beta",
+    ),
+    Family(
+        "Mistral 4",
+        ("mistral4",),
+        "Mistral4RotaryEmbedding",
+        rope_head_dim_key="qk_rope_head_dim",
+        layout_key="rope_interleave",
+        default_layout=Layout.INTERLEAVED,
+        rope_keys=frozenset({"llama_4_scaling_beta", "max_position_embeddings"}),
+        temperature="llama4_beta",
+    ),
+    Family(
+        "Qwen2-VL / Qwen2.5-VL (M-RoPE)",
+        ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"),
+        "Qwen2VLRotaryEmbedding",
+        rope_keys=_MROPE,
+        rope_type_aliases={"mrope": "default"},
+        mrope=True,
+    ),
+    Family(
+        "Qwen3-VL / Qwen3.5 (interleaved M-RoPE)",
+        (
+            *("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"),
+            *("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+        ),
+        "Qwen3VLTextRotaryEmbedding",
+        rope_keys=_MROPE,
+        rope_type_aliases={"mrope": "default"},
+        nope_layer_types=frozenset({"linear_attention"}),
+        mrope=True,
+    ),
+    Family(
+        "GLM-4.1V / GLM-4.5V (M-RoPE, interleaved pairs)",
+        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text"),
+        "Glm4vTextRotaryEmbedding",
+        rope_keys=frozenset({"mrope_section"}),
+        # modeling_glm4v.py pairs channels (2i, 2i+1) (rotate_half_llm) and repeats each
+        # frequency twice in place.
+        default_layout=Layout.INTERLEAVED,
+        mrope=True,
+        tables="interleaved",
+    ),
+    Family("Falcon", ("falcon",), "FalconRotaryEmbedding", no_rope_unless="alibi"),
+)
+
+_BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
+
+# The rule for model types without one: the generic keys only.
+GENERIC = Family("generic (Llama, Mistral, Qwen2/3, ...)", (), "<Model>RotaryEmbedding")
+
+
+def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Family:
+    """The rule for a model type, refusing family keys it would not read.
+
+    Args:
+        model_type: the text config's ``model_type`` (None when the config names none).
+        keys: the top-level keys of the text config.
+
+    Returns:
+        The model type's :class:`Family`, or :data:`GENERIC`.
+
+    Raises:
+        ValueError: the config carries a key of :data:`FAMILY_KEYS` that the model type's
+            rule does not read (reading around it would be silently wrong).
+    """
+    fam = _BY_TYPE.get(model_type or "", GENERIC)
+    stray = sorted((set(keys) & FAMILY_KEYS) - fam.reads())
+    # phi-1 keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig ignores it.
+    if fam.name.startswith("Phi-1"):
+        stray = [k for k in stray if k != "rotary_dim"]
+    if stray:
+        readers = sorted({mt for f in FAMILIES if stray[0] in f.reads() for mt in f.model_types})
+        raise ValueError(
+            f"config key {stray[0]!r} changes the RoPE of the model types that use it "
+            f"({', '.join(readers)}), but model_type is {model_type!r}, whose rule does not read "
+            f"it; posemb refuses rather than ignore it (set model_type, or remove the key)"
+        )
+    return fam
+
+
+__all__ = ["FAMILIES", "FAMILY_KEYS", "GENERIC", "Family", "family_for"]

@@ -1,0 +1,136 @@
+"""posemb reads every published config.json in tests/data/hf_configs as transformers does.
+
+Each file is read strictly (an unknown rope key would fail), and every layer kind's inverse
+frequencies and attention factor are compared with transformers' own rotary module built from
+the same dict; length-dependent rope types also at 4x the original length.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+from posemb import hf
+
+hr = pytest.importorskip("hf_reference")
+
+DATA = pathlib.Path(__file__).parent / "data" / "hf_configs"
+FILES = sorted(DATA.glob("*.json"))
+
+
+def _load(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _compare(d: dict, seq_len: int | None) -> list[tuple[str, str, float]]:
+    """Per layer kind: (layer type, rope type, worst relative inv_freq difference)."""
+    text = hr.hf_config(d)
+    cls, ref = hr.hf_frequencies(text, seq_len)
+    assert ref, f"no transformers rotary module found for {d['model_type']}"
+    model = hf.model_rope(d)
+    rows = []
+    for kind in model.kinds:
+        if kind.spec is None:
+            continue
+        expected = ref.get(kind.layer_type, ref.get(None))
+        assert expected is not None, (kind.layer_type, sorted(map(str, ref)))
+        spec = kind.spec
+        inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
+        want_inv, want_factor = expected
+        assert inv.shape == want_inv.shape, (kind.layer_type, cls)
+        rel = ((inv - want_inv).abs() / want_inv.abs().clamp_min(1e-300)).max().item()
+        assert rel <= hr.inv_freq_tolerance(spec.base), (kind.layer_type, rel)
+        assert factor == pytest.approx(want_factor, rel=1e-12, abs=1e-12), kind.layer_type
+        rows.append((str(kind.layer_type), spec.rope_type, rel))
+    assert rows
+    return rows
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_published_config_matches_transformers(path):
+    d = _load(path)
+    _compare(d, None)
+    spec_types = {k.spec.rope_type for k in hf.model_rope(d).kinds if k.spec}
+    if spec_types & {"dynamic", "longrope"}:
+        orig = next(k.spec.original_context for k in hf.model_rope(d).kinds if k.spec)
+        _compare(d, 4 * orig)
+        _compare(d, max(orig // 2, 1))
+
+
+def test_the_set_covers_the_families_the_issue_names():
+    types = {_load(f)["model_type"] for f in FILES}
+    rope_types = set()
+    for f in FILES:
+        d = _load(f)
+        rope_types |= {k.spec.rope_type for k in hf.model_rope(d).kinds if k.spec}
+    assert len(FILES) >= 25
+    for need in ("deepseek_v3", "gemma3", "olmo3", "qwen2_5_vl", "qwen3_5", "mllama", "llama4"):
+        assert need in types, need
+    for need in ("default", "linear", "yarn", "llama3", "proportional"):
+        assert need in rope_types, need
+
+
+def test_deepseek_v3_rotates_its_rope_part_interleaved():
+    d = _load(DATA / "deepseek_v3__deepseek-v3.json")
+    spec = hf.rope_spec(d)
+    assert (spec.head_dim, spec.rotary_dim) == (64, 64)  # qk_rope_head_dim, not 7168 / 128 = 56
+    assert spec.layout is hf.Layout.INTERLEAVED if hasattr(hf, "Layout") else True
+    rope = hf.rotary_from_config(d)
+    assert rope.rotary_dim == 64 and rope.layout.name == "INTERLEAVED"
+    assert hf.rope_spec({**d, "rope_interleave": False}).layout.name == "HALF"
+
+
+def test_gemma3_layer_types_differ_and_defaults_are_said():
+    d = _load(DATA / "gemma3__gemma-3-27b-it.json")
+    m = hf.model_rope(d)
+    assert m.resolved_from == "Gemma3TextConfig"
+    local = m.kind("sliding_attention").spec
+    glob = m.kind("full_attention").spec
+    assert (local.base, local.rope_type) == (10000.0, "default")
+    assert (glob.base, glob.rope_type, glob.scaling.factor) == (1e6, "linear", 8.0)
+    assert any("rope_theta not in the file" in n for n in glob.notes)
+    with pytest.raises(ValueError, match="pass layer_type"):
+        hf.rope_spec(d)
+
+
+def test_olmo3_yarn_only_on_full_attention():
+    m = hf.model_rope(_load(DATA / "olmo3__olmo-3.1-32b-instruct.json"))
+    assert m.kind("sliding_attention").spec.rope_type == "default"
+    assert m.kind("full_attention").spec.rope_type == "yarn"
+    assert len(m.kind("full_attention").layers) == 16
+    assert len(m.kind("sliding_attention").layers) == 48
+
+
+def test_layer_kinds_without_rope_say_why():
+    qwen = hf.model_rope(_load(DATA / "qwen3_5__qwen3.5-9b.json"))
+    assert qwen.kind("linear_attention").spec is None
+    assert hf.rope_spec(_load(DATA / "qwen3_5__qwen3.5-9b.json")).mrope_section == (11, 11, 10)
+    exaone = _load(DATA / "exaone4__exaone-4.0-32b.json")
+    with pytest.raises(ValueError, match="full_attention' has no RoPE: EXAONE 4"):
+        hf.rope_spec(exaone, "full_attention")
+    assert hf.rope_spec(exaone).layer_type is None  # the one RoPE of every rotating layer
+
+
+def test_llama4_nope_layers_carry_the_temperature():
+    m = hf.model_rope(_load(DATA / "llama4__llama-4-scout-17b-16e-instruct.json"))
+    nope = m.kind("nope")
+    assert nope.spec is None and nope.temperature is not None
+    assert nope.layers == tuple(range(3, 48, 4))
+    f = nope.temperature.factor(torch.tensor([0, 8190, 8191, 3 * 8192 - 1]))
+    assert f[:2].tolist() == [1.0, 1.0] and f[2] > 1 and f[3] > f[2]
+    assert m.kind("rope").spec.layout.name == "INTERLEAVED"
+
+
+def test_ministral3_temperature_and_its_off_switch():
+    on = hf.rope_spec(_load(DATA / "mistral3__devstral-small-2-24b-instruct.json"))
+    assert on.temperature.beta == 0.1 and on.temperature.original_max_position_embeddings == 8192
+    off = hf.rope_spec(_load(DATA / "ministral3__devstral-2-123b-instruct.json"))
+    assert any("llama_4_scaling_beta is 0" in n for n in off.notes)
+
+
+def test_kimi_k2_reads_as_deepseek_v3():
+    d = _load(DATA / "kimi_k2__kimi-k2-instruct.json")
+    _compare(d, None)
