@@ -336,12 +336,10 @@ def _head_dim(text: dict[str, object], fam: Family, layer_type: str | None) -> t
         if v is None:
             raise _Missing(fam.rope_head_dim_key)
         return _int(fam.rope_head_dim_key, v), fam.rope_head_dim_key
-    if (
-        fam.global_head_dim_key is not None
-        and layer_type == "full_attention"
-        and text.get(fam.global_head_dim_key) is not None
-    ):
+    if fam.global_head_dim_key is not None and layer_type == "full_attention":
         key = fam.global_head_dim_key
+        if text.get(key) is None:
+            raise _Missing(key)
         return _int(key, text[key]), key
     if text.get("head_dim") is not None:
         return _int("head_dim", text["head_dim"]), "head_dim"
