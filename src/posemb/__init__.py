@@ -26,6 +26,7 @@ from .bias import (
     t5_relative_bucket,
 )
 from .freqs import angles, cos_sin, inv_freq, wavelengths
+from .mrope import MRotaryEmbedding
 from .rope import (
     Layout,
     RotaryEmbedding,
@@ -42,6 +43,7 @@ __all__ = [
     "FireBias",
     "Layout",
     "LearnedEmbedding",
+    "MRotaryEmbedding",
     "PositionalAttention",
     "RandomizedPositions",
     "RotaryEmbedding",
