@@ -79,6 +79,12 @@ def hf_frequencies(text_config, seq_len: int | None = None):
         except Exception:  # a rotary class for another part of the model
             continue
         out = {}
+        if hasattr(module, "embed_positions"):
+            # GPT-J keeps cat(sin, cos) of float32 angles per position and no inv_freq: the
+            # angle at position 1 is the frequency (float32 sin/cos, then atan2 in float64).
+            half = module.embed_positions.shape[-1] // 2
+            row = module.embed_positions[1].double()
+            out[None] = (torch.atan2(row[:half], row[half:]), 1.0)
         if hasattr(module, "inv_freq"):
             out[None] = (module.inv_freq.double(), float(getattr(module, "attention_scaling", 1)))
         for name, buf in module.named_buffers():

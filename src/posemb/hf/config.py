@@ -26,7 +26,7 @@ from .. import scaling as sc
 from .. import temperature as _temperature
 from ..rope import Layout, RotaryEmbedding
 from ..temperature import QueryTemperature
-from .families import Family, family_for
+from .families import Family, family_for, partial_default
 
 ROPE_TYPES = (
     "default",
@@ -415,10 +415,11 @@ def _read_kind(
     partial_raw = p.get("partial_rotary_factor", text.get("partial_rotary_factor"))
     if partial_raw is None and fam.partial_key is not None:
         partial_raw = text.get(fam.partial_key)
-    if partial_raw is None and fam.partial_default is not None:
-        partial_raw = fam.partial_default
+    class_partial = partial_default(model_type, fam)
+    if partial_raw is None and class_partial is not None:
+        partial_raw = class_partial
         notes.append(
-            f"partial_rotary_factor not set: {fam.name}'s class default {fam.partial_default} "
+            f"partial_rotary_factor not set: the {model_type!r} class default {class_partial} "
             f"(as in transformers 5.24)"
         )
     # 0 is meaningful for proportional RoPE (no pair rotates); elsewhere the rotary-dimension

@@ -276,6 +276,46 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
 
+# Class defaults of the rotary fraction that are not 1, for model types read by the generic
+# rule: a config that omits partial_rotary_factor relies on them. tests/test_hf_families.py
+# holds this table equal to every transformers 5.24 config class's default. (Per-layer-type
+# defaults, Gemma 4's proportional full-attention layers, live in the nested rope parameters that
+# those configs always write.)
+PARTIAL_DEFAULTS: dict[str, float] = {
+    "bamba": 0.5,
+    "deepseek_v4": 0.125,
+    "dots3_note_text": 0.25,
+    "glm4_moe": 0.5,
+    "glm4v_moe": 0.5,
+    "glm4v_moe_text": 0.5,
+    "laguna": 0.5,
+    "lfm3": 0.5,
+    "mimo_v2_flash": 0.334,
+    "moonshine": 0.9,
+    "moonshine_streaming": 0.8,
+    "nemotron": 0.5,
+    "neomme": 0.25,
+    "qwen3_next": 0.25,
+    "recurrent_gemma": 0.5,
+    "zaya": 0.5,
+    "dots3_note_audio_encoder": 0.5,
+    "glmasr_encoder": 0.5,
+    "nemotron3_5_transcribe_asr_audio": 0.5,
+    "nemotron3_5_transcribe_word_timestamp": 0.5,
+    "qwen3_5": 0.25,
+    "qwen3_5_text": 0.25,
+    "qwen3_5_moe": 0.25,
+    "qwen3_5_moe_text": 0.25,
+}
+
+
+def partial_default(model_type: str | None, fam: Family) -> float | None:
+    """The class default of the rotary fraction when it is not 1 (None: it is 1)."""
+    if fam.partial_default is not None:
+        return fam.partial_default
+    return PARTIAL_DEFAULTS.get(model_type or "")
+
+
 # Model types whose RoPE transformers 5.24 forms in a way the generic keys do not describe and
 # posemb does not read yet: refused by name rather than read wrongly. Found by
 # tests/test_hf_families.py, which compares every rope-bearing model type's default config.
@@ -330,4 +370,13 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
     return fam
 
 
-__all__ = ["FAMILIES", "FAMILY_KEYS", "GENERIC", "REFUSED", "Family", "family_for"]
+__all__ = [
+    "FAMILIES",
+    "FAMILY_KEYS",
+    "GENERIC",
+    "PARTIAL_DEFAULTS",
+    "REFUSED",
+    "Family",
+    "family_for",
+    "partial_default",
+]
