@@ -427,7 +427,7 @@ def test_hf_rotary_embedding_serves_each_layer_type():
         want = posemb.cos_sin(pos, posemb.inv_freq(16, base, dtype=torch.float64) / factor)[0]
         torch.testing.assert_close(cos[..., :8].float(), want, atol=2**-8, rtol=0)
         assert torch.equal(cos[..., :8], cos[..., 8:])  # full-width HALF form
-    with pytest.raises(ValueError, match="layer_type None has no RoPE here"):
+    with pytest.raises(ValueError, match="pass layer_type"):
         module(x, pos)
 
 
@@ -580,7 +580,7 @@ def test_hf_rotary_embedding_checks_its_inputs():
         module(x, torch.zeros(1, 3))
     with pytest.raises(ValueError, match="x must have a floating dtype"):
         module(torch.zeros(1, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="layer_type 'full_attention' has no RoPE here"):
+    with pytest.raises(ValueError, match="one RoPE for every layer"):
         module(x, torch.zeros(1, 3, dtype=torch.long), layer_type="full_attention")
 
 

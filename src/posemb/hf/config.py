@@ -488,6 +488,12 @@ def _read_kind(
         if not isinstance(flag, bool):
             raise ValueError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
         interleaved = flag
+        if fam.mrope_always_interleaved and not flag:
+            interleaved = True
+            notes.append(
+                f"{fam.name}: transformers interleaves the M-RoPE axes whatever mrope_interleaved "
+                f"says; read as interleaved"
+            )
 
     temperature = None
     if fam.temperature == "llama4_beta" and p.get("llama_4_scaling_beta") is not None:

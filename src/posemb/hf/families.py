@@ -77,6 +77,8 @@ class Family:
             ``"interleaved"`` (each of cos and sin repeated twice in place, GLM-4V),
             ``"complex"`` (``cos + i sin`` of width rotary_dim / 2: Llama 4, DeepSeek-V2) or
             ``"table"`` (GPT-J's stacked sin/cos buffer, which posemb does not replace).
+        mrope_always_interleaved: the family's rotary module interleaves the M-RoPE axes
+            whatever ``mrope_interleaved`` says (Qwen3-VL, Qwen3.5).
         no_rope_unless: a boolean key that must be false for the model to use RoPE at all
             (Falcon's ``alibi``).
     """
@@ -104,6 +106,7 @@ class Family:
     mrope: bool = False
     no_rope_unless: str | None = None
     tables: str = "half"
+    mrope_always_interleaved: bool = False
 
     def reads(self) -> frozenset[str]:
         """The keys of :data:`FAMILY_KEYS` this rule reads."""
@@ -259,6 +262,8 @@ FAMILIES: tuple[Family, ...] = (
         rope_type_aliases={"mrope": "default"},
         nope_layer_types=frozenset({"linear_attention"}),
         mrope=True,
+        # modeling_qwen3_vl.py / modeling_qwen3_5.py always take the interleaved assignment.
+        mrope_always_interleaved=True,
     ),
     Family(
         "GLM-4.1V / GLM-4.5V (M-RoPE, interleaved pairs)",

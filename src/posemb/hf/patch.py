@@ -1,8 +1,10 @@
 """Swapping posemb's rotary tables into a ``transformers`` model.
 
 The attention code of the model is left alone: :class:`HFRotaryEmbedding` honours the same
-``(cos, sin)`` contract as the ``*RotaryEmbedding`` module it replaces, with the tables computed
-by posemb from the model's config.
+contract as the ``*RotaryEmbedding`` module it replaces (the form of the tables its family's
+attention expects, see :attr:`posemb.hf.families.Family.tables`), with the tables computed by
+posemb from the model's config. Query temperatures (Llama 4, Ministral 3) are applied by the
+model's attention from its config, so they are untouched by the swap.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import torch
 from torch import nn
 
 from .. import _checks
+from ..mrope import mrope_cos_sin
 from ..rope import RotaryEmbedding
-from .config import rope_layer_types, rotary_from_config
+from .config import ModelRope, RopeSpec, model_rope
+from .families import family_for
 
 # ModuleDict keys must be non-empty strings; this one holds the RoPE of a config that has one
 # for every layer. Lookups go through ``layer_types``, so a layer type of the same name in
@@ -23,68 +27,119 @@ _EVERY_LAYER = "every_layer"
 class HFRotaryEmbedding(nn.Module):
     """Drop-in replacement for a ``transformers`` ``*RotaryEmbedding`` module.
 
-    ``forward(x, position_ids)`` returns ``(cos, sin)``, each ``(batch, seq, rotary_dim)`` in
-    ``x``'s dtype with the attention factor applied, in the full-width HALF form
-    (``cat([cos, cos])``) that ``apply_rotary_pos_emb`` expects. Angles are formed in float64
-    and length-dependent scalings are recomputed per call, so no state changes in forward.
+    ``forward(x, position_ids[, layer_type])`` returns what the replaced module returns, in
+    ``x``'s dtype with the attention factor applied: ``(cos, sin)`` each ``(batch, seq,
+    rotary_dim)`` in the ``cat([cos, cos])`` form ``rotate_half`` expects (most families), in the
+    pairwise-repeated form (GLM-4V), or complex ``cos + i sin`` ``(batch, seq, rotary_dim / 2)``
+    (Llama 4, DeepSeek-V2). Multimodal RoPE configs take ``position_ids`` of shape ``(3,
+    batch, seq)`` (temporal, height, width). Angles are formed in float64 and length-dependent
+    scalings are recomputed per call, so no state changes in forward.
 
     The per-layer-type :class:`~posemb.RotaryEmbedding` modules are registered children
-    (``ropes``), so ``named_modules``, ``.to()`` and ``state_dict`` see them; they hold no
-    tensors, which is why moving this module to bfloat16 cannot round its frequencies.
+    (``ropes``); they hold no tensors, which is why moving this module to bfloat16 cannot round
+    its frequencies.
 
     Args:
-        config: the model's config (object or dict); a rope dict keyed by layer type (Gemma 3
-            style) gives one child per layer type that has RoPE.
+        config: the model's config (object or dict).
     """
 
     def __init__(self, config: object) -> None:
         super().__init__()
-        self.layer_types = rope_layer_types(config)
-        if self.layer_types is None:
-            self.ropes = nn.ModuleDict({_EVERY_LAYER: rotary_from_config(config)})
+        self.model: ModelRope = model_rope(config)
+        fam = family_for(self.model.model_type, set())
+        if fam.tables == "table":
+            raise ValueError(
+                f"{fam.name}'s rotary module hands out a stacked sin/cos buffer by position, not "
+                f"tables per call; patch_rotary does not replace it (hf.rotary_from_config gives "
+                f"posemb's module for the same config)"
+            )
+        self.tables = fam.tables
+        kinds = [k for k in self.model.kinds if k.spec is not None]
+        if not self.model.per_layer_type:
+            self.layer_types: tuple[str, ...] | None = None
         else:
+            self.layer_types = tuple(str(k.layer_type) for k in kinds)
             for lt in self.layer_types:
                 if not lt or "." in lt:
                     raise ValueError(
                         f"layer type {lt!r} cannot name a submodule: it must be non-empty and "
                         f"contain no '.'"
                     )
-            self.ropes = nn.ModuleDict(
-                {lt: rotary_from_config(config, layer_type=lt) for lt in self.layer_types}
-            )
+        self.ropes = nn.ModuleDict(
+            {(k.layer_type or _EVERY_LAYER): _module(k.spec) for k in kinds if k.spec is not None}
+        )
+
+    def _spec(self, layer_type: str | None) -> tuple[str, RopeSpec]:
+        kind = self.model.kind(layer_type)
+        if kind.spec is None:
+            raise ValueError(f"layer_type {layer_type!r} has no RoPE: {kind.reason}")
+        key = kind.layer_type or _EVERY_LAYER
+        if layer_type is None and self.layer_types is not None:
+            key = self.layer_types[0]  # every rotating kind shares this spec (kind() checked)
+        return key, kind.spec
 
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables for ``position_ids`` ``(batch, seq)``; ``x`` only gives dtype and device.
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """Tables for ``position_ids``; ``x`` only gives dtype and device.
 
         Args:
             x: any floating tensor; its dtype and device are the outputs'.
-            position_ids: integers ``(batch, seq)`` (or ``(seq,)``).
-            layer_type: for a per-layer-type config, which layer type; None otherwise.
+            position_ids: integers ``(batch, seq)`` (or ``(seq,)``); ``(3, batch, seq)`` for
+                multimodal RoPE.
+            layer_type: for a per-layer-type config, which layer type; None when every
+                rotating layer shares one RoPE.
 
         Returns:
-            ``(cos, sin)``, each ``position_ids.shape + (rotary_dim,)``.
+            The replaced module's tables (see the class docstring).
         """
         _checks.float_tensor("x", x)
-        pos = _checks.positions(position_ids, max_dim=2, name="position_ids")
-        known = [None] if self.layer_types is None else list(self.layer_types)
-        if layer_type not in known:
-            raise ValueError(f"layer_type {layer_type!r} has no RoPE here; known: {known}")
-        rope = self.ropes[_EVERY_LAYER if layer_type is None else layer_type]
-        assert isinstance(rope, RotaryEmbedding)
+        key, spec = self._spec(layer_type)
         # float32 tables cast to x's dtype round exactly as transformers' do; a float64 caller
         # asked for more than float32 can give, and gets the float64 tables.
         compute = _checks.compute_dtype(x)
-        cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
+        if spec.mrope_section is not None:
+            if not isinstance(position_ids, torch.Tensor):
+                raise ValueError("position_ids must be a tensor for multimodal RoPE")
+            seq_len = int(position_ids.max()) + 1 if position_ids.numel() else None
+            inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
+            cos, sin = mrope_cos_sin(
+                position_ids.to(x.device),
+                inv.to(x.device),
+                spec.mrope_section,
+                spec.mrope_interleaved,
+                attention_factor=factor,
+                dtype=compute,
+            )
+        else:
+            pos = _checks.positions(position_ids, max_dim=2, name="position_ids")
+            rope = self.ropes[key]
+            assert isinstance(rope, RotaryEmbedding)
+            cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
+        if self.tables == "complex":
+            return torch.complex(cos.float(), sin.float())
+        if self.tables == "interleaved":
+            return cos.repeat_interleave(2, -1).to(x.dtype), sin.repeat_interleave(2, -1).to(
+                x.dtype
+            )
         return torch.cat((cos, cos), -1).to(x.dtype), torch.cat((sin, sin), -1).to(x.dtype)
 
 
+def _module(spec: RopeSpec) -> RotaryEmbedding:
+    # The HALF layout only fixes how cos_sin's tables are ordered; the family's attention code
+    # pairs the channels itself.
+    return RotaryEmbedding(
+        spec.head_dim, base=spec.base, rotary_dim=spec.rotary_dim, scaling=spec.scaling
+    )
+
+
 def patch_rotary(model: nn.Module) -> list[str]:
-    """Replace every ``transformers`` rotary-embedding module in ``model`` with posemb's.
+    """Replace every text ``transformers`` rotary-embedding module in ``model`` with posemb's.
 
     This is the supported swap: the model's attention code is untouched and receives the same
-    ``(cos, sin)`` contract, computed by posemb from the model's config.
+    tables, computed by posemb from the model's config. Vision towers' patch RoPE modules
+    (class names containing ``Vision``) are left alone: they take no positions from the config
+    (see :mod:`posemb.mrope` for posemb's version of their tables).
 
     Args:
         model: a ``transformers`` model (e.g. ``LlamaForCausalLM``).
@@ -95,7 +150,12 @@ def patch_rotary(model: nn.Module) -> list[str]:
     replaced = []
     for name, module in list(model.named_modules()):
         cls = type(module).__name__
-        if not name or not cls.endswith("RotaryEmbedding") or isinstance(module, HFRotaryEmbedding):
+        if (
+            not name
+            or not cls.endswith("RotaryEmbedding")
+            or "Vision" in cls
+            or isinstance(module, HFRotaryEmbedding)
+        ):
             continue
         config = getattr(module, "config", None) or getattr(model, "config", None)
         if config is None:
