@@ -1,6 +1,7 @@
 """`posemb inspect`."""
 
 import json
+import pathlib
 import re
 
 import pytest
@@ -120,3 +121,84 @@ def test_report_of_a_per_layer_type_config():
     assert "pairs 2-7" in hf.format_inspect(full)  # base 1e6: 2*pi*1e6^(2i/16) > 64 from i = 2
     with pytest.raises(ValueError, match="pass layer_type"):
         hf.inspect_report(config)
+
+
+# --- published configs with layer kinds, temperatures, multimodal RoPE, strictness -----------
+
+DATA = pathlib.Path(__file__).parent / "data" / "hf_configs"
+
+
+def test_inspect_prints_every_layer_type(capsys):
+    assert cli.main(["inspect", str(DATA / "llama4__llama-4-scout-17b-16e-instruct.json")]) == 0
+    out = capsys.readouterr().out
+    assert "=== layer type rope (36 layers) ===" in out
+    assert "=== layer type nope (12 layers) ===" in out
+    assert "query temperature 1 + 0.1 * ln(1 + floor((p + 1) / 8192))" in out
+    assert "layout INTERLEAVED" in out
+
+
+def test_inspect_json_per_layer_type_and_mrope_axes(capsys):
+    path = str(DATA / "qwen3_5__qwen3.5-9b.json")
+    assert cli.main(["inspect", path, "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)
+    assert model["layer_types"]["linear_attention"]["rope"] is None
+    full = model["layer_types"]["full_attention"]
+    assert full["rotary_dim"] == 64 and "cycle temporal, height, width" in full["mrope"]
+    assert cli.main(["inspect", path, "--layer-type", "full_attention", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrope"] == full["mrope"]
+    chunked = str(DATA / "qwen2_5_vl__qwen2.5-vl-7b-instruct.json")
+    assert cli.main(["inspect", chunked, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrope"] == (
+        "pairs 0-15 temporal, 16-39 height, 40-63 width"
+    )
+
+
+def test_inspect_notes_what_changes_nothing(tmp_path, capsys):
+    config = json.loads((DATA / "deepseek_v3__deepseek-v3.json").read_text())
+    config["rope_scaling"].pop("mscale_all_dim")
+    assert cli.main(["inspect", write(tmp_path, config)]) == 0
+    out = capsys.readouterr().out
+    assert "note: mscale without mscale_all_dim changes nothing" in out
+
+
+def test_misspelled_rope_key_is_refused_and_lenient_warns(tmp_path, capsys):
+    config = json.loads((DATA / "deepseek_v3__deepseek-v3.json").read_text())
+    config["rope_scaling"]["beta_fst"] = config["rope_scaling"].pop("beta_fast")
+    path = write(tmp_path, config)
+    assert cli.main(["inspect", path]) == 2
+    err = capsys.readouterr().err
+    assert "rope_scaling['beta_fst'] is not read by rope_type 'yarn'" in err
+    assert "did you mean 'beta_fast'?" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    with pytest.warns(UserWarning, match="ignored keys not read by rope_type 'yarn': beta_fst"):
+        assert cli.main(["inspect", path, "--lenient"]) == 0
+    assert "ignored keys (lenient): beta_fst" in capsys.readouterr().out
+
+
+def test_a_factor_on_a_default_rope_is_refused():
+    with pytest.raises(ValueError, match=r"\['factor'\] is not read by rope_type 'default'"):
+        hf.rope_spec({"head_dim": 64, "rope_theta": 1e4, "rope_scaling": {"factor": 2.0}})
+
+
+def test_sparse_config_without_transformers_names_key_and_model_type(monkeypatch):
+    import builtins
+
+    config = json.loads((DATA / "gemma3__gemma-3-4b-it.json").read_text())
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("no transformers here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'layer_types'"):
+        hf.model_rope(config)
+    config["text_config"] |= {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    with pytest.raises(ValueError, match="does not set 'rope_local_base_freq'"):
+        hf.model_rope(config)
+    config["text_config"]["rope_local_base_freq"] = 1e4
+    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
+        hf.model_rope(config)
+    config["text_config"]["rope_theta"] = 1e6
+    assert hf.model_rope(config).kind("sliding_attention").spec.base == 1e4

@@ -91,7 +91,7 @@ def test_gemma3_layer_types_differ_and_defaults_are_said():
     glob = m.kind("full_attention").spec
     assert (local.base, local.rope_type) == (10000.0, "default")
     assert (glob.base, glob.rope_type, glob.scaling.factor) == (1e6, "linear", 8.0)
-    assert any("rope_theta not in the file" in n for n in glob.notes)
+    assert any("read from transformers' Gemma3TextConfig defaults" in n for n in glob.notes)
     with pytest.raises(ValueError, match="pass layer_type"):
         hf.rope_spec(d)
 

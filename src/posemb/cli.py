@@ -65,7 +65,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from . import hf
 
-    report = hf.inspect_report(hf.load_config(args.config), args.seq_len, args.layer_type)
+    config = hf.load_config(args.config)
+    strict = not args.lenient
+    if args.layer_type is None:
+        model = hf.inspect_model(config, args.seq_len, strict=strict)
+        print(json.dumps(model, indent=2) if args.json else hf.format_model(model))
+        return 0
+    report = hf.inspect_report(config, args.seq_len, args.layer_type, strict=strict)
     print(json.dumps(report, indent=2) if args.json else hf.format_inspect(report))
     return 0
 
@@ -231,7 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--seq-len", type=_positive, help="sequence length, for dynamic and longrope"
     )
-    inspect.add_argument("--layer-type", help="for configs with RoPE per layer type")
+    inspect.add_argument(
+        "--layer-type",
+        help="one layer type of a config with layer kinds (default: print every layer type)",
+    )
+    inspect.add_argument(
+        "--lenient",
+        action="store_true",
+        help="warn about rope keys the rope type does not read instead of refusing them",
+    )
     inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
 

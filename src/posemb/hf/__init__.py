@@ -81,7 +81,7 @@ from .config import (
 )
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
 from .families import FAMILIES, Family
-from .inspect import format_inspect, inspect_report
+from .inspect import format_inspect, format_model, inspect_model, inspect_report
 from .patch import HFRotaryEmbedding, patch_rotary
 
 __all__ = [
@@ -101,7 +101,9 @@ __all__ = [
     "convert_checkpoint",
     "convert_qk_layout",
     "format_inspect",
+    "format_model",
     "frequencies_from_config",
+    "inspect_model",
     "inspect_report",
     "load_config",
     "model_rope",

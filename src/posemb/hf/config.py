@@ -662,6 +662,10 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
                 _int("floor_scale", text["floor_scale"]),
                 _num("attn_scale", text["attn_scale"], minimum=0),
             )
+    if fam.scaling_on is not None and not nested and text.get("layer_types") is None:
+        # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern);
+        # reading one RoPE for all would give the sliding layers the scaled one.
+        raise _Missing("layer_types")
     for name, layers in _kinds(text, fam, params, nested):
         where_kind = src if not nested else f"{src}[{name!r}]"
         if name is not None and name in fam.nope_layer_types:
@@ -726,6 +730,10 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
         raise ValueError(
             f"{what} does not set {missing!r}, and without model_type no class default can be read"
         )
+    # transformers logs its own validation warnings while building the config; posemb reports
+    # what matters in the spec's notes, so they are silenced for this one call.
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
     try:
         cfg = transformers.AutoConfig.for_model(
             outer_type, **{k: v for k, v in d.items() if k != "model_type"}
@@ -735,6 +743,8 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
             f"build its config to read the default ({type(err).__name__}: {str(err)[:120]})"
         ) from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     text = cfg.get_text_config(decoder=True)
     out: dict[str, object] = dict(text.to_dict())
     out["__resolved_from__"] = type(text).__name__
