@@ -198,10 +198,10 @@ def test_sparse_config_without_transformers_names_key_and_model_type(monkeypatch
     with pytest.raises(ValueError, match="does not set 'rope_local_base_freq'"):
         hf.model_rope(config)
     config["text_config"]["rope_local_base_freq"] = 1e4
-    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
-        hf.model_rope(config)
-    config["text_config"]["rope_theta"] = 1e6
     with pytest.raises(ValueError, match="does not set 'num_attention_heads'"):
         hf.model_rope(config)
     config["text_config"]["num_attention_heads"] = 8
+    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
+        hf.model_rope(config)
+    config["text_config"]["rope_theta"] = 1e6
     assert hf.model_rope(config).kind("sliding_attention").spec.base == 1e4
