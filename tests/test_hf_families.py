@@ -8,6 +8,8 @@ is the one outcome that fails. The published configs are in test_hf_real_configs
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -82,3 +84,54 @@ def test_refused_model_types_exist_in_transformers():
 def test_a_family_key_under_another_model_type_is_refused():
     with pytest.raises(ValueError, match="'qk_rope_head_dim' changes the RoPE"):
         hf.rope_spec({"model_type": "llama", "rope_theta": 1e4, "qk_rope_head_dim": 64})
+
+
+def _call_both(theirs, mine, x, pos, layer_type):
+    takes = "layer_type" in inspect.signature(theirs.forward).parameters
+    want = theirs(x, pos, layer_type) if takes and layer_type is not None else theirs(x, pos)
+    return want, mine(x, pos, layer_type)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patched_module_returns_what_each_family_module_returns(dtype):
+    """HFRotaryEmbedding gives every read family's attention the tables it expects.
+
+    Same structure (a cos/sin pair or one complex tensor), shapes and dtypes as the module it
+    replaces, and values within transformers' float32 drift (positions < 8; the tables are
+    cast to x's dtype by both, so bfloat16 allows one bfloat16 rounding).
+    """
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-7
+    checked, failed = 0, []
+    for mt, text, ref in CASES:
+        try:
+            mine = hf.HFRotaryEmbedding(text)
+        except ValueError:
+            continue  # refused: the sweep above holds refusals to a minority
+        cls = next(c for c in hr.rotary_classes(text) if c.__name__ == hr.hf_frequencies(text)[0])
+        theirs = cls(config=text)
+        pos = torch.arange(7)[None].expand(2, 7)
+        if any(k.spec is not None and k.spec.mrope_section for k in mine.model.kinds):
+            pos = torch.stack([pos, pos // 2, pos % 3])
+        kinds = mine.layer_types or (None,)
+        x = torch.zeros(2, 3, 5, dtype=dtype)
+        for lt in kinds:
+            try:
+                want, got = _call_both(theirs, mine, x, pos, lt)
+            except (RuntimeError, TypeError):
+                # transformers' own default config cannot run its module (GLM-4V's default
+                # mrope_section does not fit its default rotary size; HunYuan-VL's default has
+                # no xdrope_section): nothing to compare.
+                break
+            want = want if isinstance(want, tuple) else (want,)
+            got = got if isinstance(got, tuple) else (got,)
+            same_form = len(want) == len(got) and all(
+                a.shape == b.shape and a.dtype == b.dtype for a, b in zip(want, got, strict=True)
+            )
+            if not same_form or any(
+                (a - b).abs().max() > tol for a, b in zip(want, got, strict=True)
+            ):
+                failed.append((mt, lt, [(a.dtype, b.dtype) for a, b in zip(want, got)]))
+        else:
+            checked += 1
+    assert not failed, repr(failed)
+    assert checked >= 240, checked

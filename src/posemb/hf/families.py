@@ -75,7 +75,8 @@ class Family:
         tables: what the family's rotary module returns, which :class:`~posemb.hf.HFRotaryEmbedding`
             reproduces: ``"half"`` (``cat([cos, cos])`` and sin, for ``rotate_half``),
             ``"interleaved"`` (each of cos and sin repeated twice in place, GLM-4V),
-            ``"complex"`` (``cos + i sin`` of width rotary_dim / 2: Llama 4, DeepSeek-V2) or
+            ``"complex"`` (``cos + i sin`` of width rotary_dim / 2: Llama 4, DeepSeek-V2),
+            ``"half_width"`` (cos and sin of width rotary_dim / 2, gpt-oss) or
             ``"table"`` (GPT-J's stacked sin/cos buffer, which posemb does not replace).
         mrope_always_interleaved: the family's rotary module interleaves the M-RoPE axes
             whatever ``mrope_interleaved`` says (Qwen3-VL, Qwen3.5).
@@ -267,7 +268,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "GLM-4.1V / GLM-4.5V (M-RoPE, interleaved pairs)",
-        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text"),
+        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_ocr", "glm_ocr_text"),
         "Glm4vTextRotaryEmbedding",
         rope_keys=frozenset({"mrope_section"}),
         # modeling_glm4v.py pairs channels (2i, 2i+1) (rotate_half_llm) and repeats each
@@ -277,9 +278,37 @@ FAMILIES: tuple[Family, ...] = (
         tables="interleaved",
     ),
     Family("Falcon", ("falcon",), "FalconRotaryEmbedding", no_rope_unless="alibi"),
+    Family(
+        "gpt-oss",
+        ("gpt_oss", "openai_privacy_filter"),
+        "GptOssRotaryEmbedding",
+        # modeling_gpt_oss.py rotates the two halves with half-width tables.
+        tables="half_width",
+    ),
+    Family(
+        "Cohere Command R / R7B, BLT",
+        (
+            *("cohere", "cohere2", "cohere2_moe"),
+            *("blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher"),
+        ),
+        "CohereRotaryEmbedding",
+        # modeling_cohere.py repeats each frequency twice in place (repeat_interleave) and
+        # pairs channels (2i, 2i+1): the checkpoints rotate interleaved pairs.
+        default_layout=Layout.INTERLEAVED,
+        tables="interleaved",
+    ),
 )
 
 _BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
+
+# Model types whose rotary module returns float32 tables whatever x's dtype (the attention casts
+# later): modeling_olmo3.py ("returns cos/sin in fp32 without casting"), modeling_olmo2.py and
+# modeling_ernie4_5.py ("keeping it in full precision") and their copies. Held equal to what
+# each module returns by tests/test_hf_families.py.
+FLOAT32_TABLES = frozenset(
+    {"olmo", "olmo2", "olmo3", "olmo_hybrid", "flex_olmo", "ernie4_5", "ernie4_5_moe"}
+    | {"beam", "lfm3"}
+)
 
 # Class defaults of the rotary fraction that are not 1, for model types read by the generic
 # rule: a config that omits partial_rotary_factor relies on them. tests/test_hf_families.py
@@ -378,6 +407,7 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
 __all__ = [
     "FAMILIES",
     "FAMILY_KEYS",
+    "FLOAT32_TABLES",
     "GENERIC",
     "PARTIAL_DEFAULTS",
     "REFUSED",

@@ -16,7 +16,7 @@ from .. import _checks
 from ..mrope import mrope_cos_sin
 from ..rope import RotaryEmbedding
 from .config import ModelRope, RopeSpec, model_rope
-from .families import family_for
+from .families import FLOAT32_TABLES, family_for
 
 # ModuleDict keys must be non-empty strings; this one holds the RoPE of a config that has one
 # for every layer. Lookups go through ``layer_types``, so a layer type of the same name in
@@ -28,7 +28,8 @@ class HFRotaryEmbedding(nn.Module):
     """Drop-in replacement for a ``transformers`` ``*RotaryEmbedding`` module.
 
     ``forward(x, position_ids[, layer_type])`` returns what the replaced module returns, in
-    ``x``'s dtype with the attention factor applied: ``(cos, sin)`` each ``(batch, seq,
+    ``x``'s dtype (float32 where the family's module keeps float32, OLMo 3) with the attention
+    factor applied: ``(cos, sin)`` each ``(batch, seq,
     rotary_dim)`` in the ``cat([cos, cos])`` form ``rotate_half`` expects (most families), in the
     pairwise-repeated form (GLM-4V), or complex ``cos + i sin`` ``(batch, seq, rotary_dim / 2)``
     (Llama 4, DeepSeek-V2). Multimodal RoPE configs take ``position_ids`` of shape ``(3,
@@ -54,6 +55,7 @@ class HFRotaryEmbedding(nn.Module):
                 f"posemb's module for the same config)"
             )
         self.tables = fam.tables
+        self.float32_tables = self.model.model_type in FLOAT32_TABLES
         kinds = [k for k in self.model.kinds if k.spec is not None]
         if not self.model.per_layer_type:
             self.layer_types: tuple[str, ...] | None = None
@@ -118,11 +120,12 @@ class HFRotaryEmbedding(nn.Module):
             cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
         if self.tables == "complex":
             return torch.complex(cos.float(), sin.float())
+        out = compute if self.float32_tables else x.dtype
+        if self.tables == "half_width":
+            return cos.to(out), sin.to(out)
         if self.tables == "interleaved":
-            return cos.repeat_interleave(2, -1).to(x.dtype), sin.repeat_interleave(2, -1).to(
-                x.dtype
-            )
-        return torch.cat((cos, cos), -1).to(x.dtype), torch.cat((sin, sin), -1).to(x.dtype)
+            return cos.repeat_interleave(2, -1).to(out), sin.repeat_interleave(2, -1).to(out)
+        return torch.cat((cos, cos), -1).to(out), torch.cat((sin, sin), -1).to(out)
 
 
 def _module(spec: RopeSpec) -> RotaryEmbedding:
