@@ -137,3 +137,17 @@ def test_patched_module_returns_what_each_family_module_returns(dtype):
             checked += 1
     assert not failed, repr(failed)
     assert checked >= 240, checked
+
+
+def test_mrope_model_types_are_the_classes_that_keep_mrope_keys():
+    """posemb accepts M-RoPE keys in the rope parameters where transformers' classes do."""
+    keeping = set()
+    for mt in list(CONFIG_MAPPING):
+        try:
+            text = CONFIG_MAPPING[mt]().get_text_config(decoder=True)
+        except Exception:  # no usable defaults
+            continue
+        if "mrope_section" in (getattr(text, "ignore_keys_at_rope_validation", None) or ()):
+            keeping.add(text.model_type)
+    refused_or_own = set(families.REFUSED) | {"hunyuan_vl_text", "ernie4_5_vl_moe_text"}
+    assert keeping - refused_or_own == set(families.MROPE_MODEL_TYPES) - refused_or_own

@@ -738,7 +738,7 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
         cfg = transformers.AutoConfig.for_model(
             outer_type, **{k: v for k, v in d.items() if k != "model_type"}
         )
-    except (KeyError, ValueError, TypeError) as err:
+    except Exception as err:  # any failure inside transformers, said in one line
         raise ValueError(
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
             f"build its config to read the default ({type(err).__name__}: {str(err)[:120]})"

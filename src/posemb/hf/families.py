@@ -15,7 +15,7 @@ named in the rule) and is tested against it on published configs in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..kernels.layout import Layout
 
@@ -301,6 +301,19 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_TYPE = {mt: fam for fam in FAMILIES for mt in fam.model_types}
 
+# Text model types whose config classes keep the M-RoPE keys in the rope parameters
+# (transformers' ignore_keys_at_rope_validation; tests/test_hf_families.py holds this equal to
+# the classes). posemb reads the keys for all of them; the families above that need more (Qwen3's
+# forced interleaving, GLM-4V's pairwise tables) say so in their own rules.
+MROPE_MODEL_TYPES = frozenset(
+    {
+        *("qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", "qwen2_5_omni_talker"),
+        *("qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_5_text", "qwen3_5_moe_text"),
+        *("qwen3_omni_moe_text", "qwen4_exp_text", "cohere_compass_text", "cosmos3_edge_text"),
+        *("glm4v_text", "glm4v_moe_text", "glm_image_text", "glm_ocr_text", "hy_v4_vl_text"),
+    }
+)
+
 # Model types whose rotary module returns float32 tables whatever x's dtype (the attention casts
 # later): modeling_olmo3.py ("returns cos/sin in fp32 without casting"), modeling_olmo2.py and
 # modeling_ernie4_5.py ("keeping it in full precision") and their copies. Held equal to what
@@ -364,6 +377,8 @@ REFUSED: dict[str, str] = {
     "eomt_dinov3": "a vision backbone's patch RoPE",
     "efficientloftr": "a vision matcher's 2D RoPE",
     "smollm3": "no_rope_layers with its own NoPE pattern",
+    "cosmos3_edge": "M-RoPE with its own assignment of pairs to axes",
+    "cosmos3_edge_text": "M-RoPE with its own assignment of pairs to axes",
 }
 
 # The rule for model types without one: the generic keys only.
@@ -390,6 +405,8 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
             f"posemb.hf.families.REFUSED)"
         )
     fam = _BY_TYPE.get(model_type or "", GENERIC)
+    if fam is GENERIC and model_type in MROPE_MODEL_TYPES:
+        fam = replace(GENERIC, rope_keys=_MROPE, mrope=True)
     stray = sorted((set(keys) & FAMILY_KEYS) - fam.reads())
     # phi-1 keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig ignores it.
     if fam.name.startswith("Phi-1"):
@@ -409,6 +426,7 @@ __all__ = [
     "FAMILY_KEYS",
     "FLOAT32_TABLES",
     "GENERIC",
+    "MROPE_MODEL_TYPES",
     "PARTIAL_DEFAULTS",
     "REFUSED",
     "Family",
