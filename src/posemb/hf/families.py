@@ -336,7 +336,6 @@ PARTIAL_DEFAULTS: dict[str, float] = {
     "glm4v_moe": 0.5,
     "glm4v_moe_text": 0.5,
     "laguna": 0.5,
-    "lfm3": 0.5,
     "mimo_v2_flash": 0.334,
     "moonshine": 0.9,
     "moonshine_streaming": 0.8,
