@@ -19,3 +19,13 @@ def test_readme_lists_every_claim():
     text = README.read_text(encoding="utf-8")
     missing = [c.id for c in claims.CLAIMS if f"(`{c.id}`)" not in text]
     assert not missing
+
+
+def test_readme_lists_every_hf_family():
+    from posemb.hf import families
+
+    text = README.read_text(encoding="utf-8")
+    missing = [
+        f.name for f in (*families.FAMILIES, families.GENERIC) if f"| {f.name} |" not in text
+    ]
+    assert not missing

@@ -3,15 +3,20 @@
 One module per job, every public name re-exported here (``from posemb import hf``):
 
 - :mod:`posemb.hf.config`: reading ``config.json``/``params.json`` (the only code in posemb
-  that reads model configs): :func:`rope_spec`, :func:`frequencies_from_config`,
-  :func:`rotary_from_config`, :func:`attention_shape`, :func:`load_config`.
+  that reads model configs): :func:`model_rope` (every layer kind), :func:`rope_spec`,
+  :func:`frequencies_from_config`, :func:`rotary_from_config`, :func:`attention_shape`,
+  :func:`load_config`.
+- :mod:`posemb.hf.families`: what each model family keeps where (multi-head-latent rope head
+  sizes, GPT-NeoX's ``rotary_pct``, Gemma 3's local base, layer kinds, table forms), and the
+  model types posemb refuses by name.
 - :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding` and :func:`patch_rotary`, the swap into a
   ``transformers`` model.
 - :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict or a
   safetensors file.
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
 
-``transformers`` is never imported here; tests compare against it.
+``transformers`` is imported only to fill a key that a published config leaves to its model
+class's default (``model_rope`` says so in the spec's notes); tests compare against it.
 
 Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 
@@ -57,7 +62,22 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
    moved module differs from the unmoved ``transformers`` one by at most one bfloat16 ulp
    (3.9e-3, where ``transformers``' float32 drift tips a rounding).
 8. A float64 ``x`` gets tables formed and kept in float64; ``transformers`` returns float32
-   tables cast to float64. Other dtypes get float32 tables cast once, as in ``transformers``.
+   tables cast to float64. Other dtypes get float32 tables cast once, as in ``transformers``
+   (and kept in float32 for the families whose module does, OLMo and ERNIE 4.5).
+9. Keys are strict: a rope key the rope type does not read raises (``strict=False`` warns and
+   lists them); ``transformers`` logs "Unrecognized keys" and carries on. A key the file
+   leaves to the class default is read through ``transformers`` or raises; ``transformers``'
+   generic default base 10000 is never assumed.
+10. A flat ``rope_scaling`` next to ``layer_types`` in a family whose class splits it (Gemma 3,
+    OLMo 3) scales only the full-attention layers, as those classes do; a Gemma 3 config without
+    ``layer_types`` (its sliding pattern left to the class) is read through ``transformers`` or
+    raises, never read as one RoPE for every layer.
+11. Llama 3's ``low_freq_factor == high_freq_factor`` and YaRN's ``beta_fast == beta_slow``
+    (Llama 4 Scout, Kimi K2) are hard steps; ``transformers`` computes the same while warning.
+    Reversed bounds raise.
+12. GLM-4.1V's published file keeps the text model's keys at the top level, which
+    ``Glm4vConfig`` 5.24 drops (its module rotates 64 pairs where the file says 32); posemb
+    reads the file's keys.
 """
 
 from __future__ import annotations
