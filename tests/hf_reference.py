@@ -63,7 +63,9 @@ def rotary_classes(text_config) -> list[type]:
         and issubclass(c, torch.nn.Module)
         and c.__module__ == mod.__name__
     ]
-    found.sort(key=lambda c: (c.__name__ != want, "Vision" in c.__name__, c.__name__))
+    # The text model's module: the config's own name first, then names of no other part.
+    others = ("Vision", "Audio", "DiT", "Talker", "Token2Wav", "Encoder")
+    found.sort(key=lambda c: (c.__name__ != want, any(o in c.__name__ for o in others), c.__name__))
     return found
 
 

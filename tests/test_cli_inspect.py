@@ -194,7 +194,9 @@ def test_sparse_config_without_transformers_names_key_and_model_type(monkeypatch
     monkeypatch.setattr(builtins, "__import__", no_transformers)
     with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'layer_types'"):
         hf.model_rope(config)
-    config["text_config"] |= {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    layers = config["text_config"]["num_hidden_layers"]
+    config["text_config"] |= {"layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 6}
+    config["text_config"]["layer_types"] = config["text_config"]["layer_types"][:layers]
     with pytest.raises(ValueError, match="does not set 'rope_local_base_freq'"):
         hf.model_rope(config)
     config["text_config"]["rope_local_base_freq"] = 1e4

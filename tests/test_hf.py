@@ -374,7 +374,7 @@ def cfg(**params):
             r"rope_parameters\['rope_theta'\] must be a finite number > 1",
         ),
         (
-            {"num_attention_heads": 4},
+            {"head_dim": 64},
             "a config without model_type does not set 'rope_theta'",
         ),
         (

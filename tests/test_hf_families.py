@@ -8,10 +8,12 @@ is the one outcome that fails. The published configs are in test_hf_real_configs
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
 import torch
+import transformers as transformers_pkg
 
 from posemb import hf
 from posemb.hf import families
@@ -57,7 +59,7 @@ def test_every_rope_family_is_read_right_or_refused():
                 wrong.append((mt, kind.layer_type))
         read.append(mt)
     assert not wrong
-    # 258 of 302 model types with a text rotary module were read when this was written.
+    # 261 of 312 model types with a text rotary module were read when this was written.
     assert len(read) >= 250, len(read)
     assert len(refused) < len(read) / 4
 
@@ -68,11 +70,12 @@ def test_partial_rotary_defaults_match_the_config_classes():
         params = getattr(text, "rope_parameters", None) or {}
         if "rope_type" not in params:  # per layer type: the nested dicts always carry it
             continue
-        values = {params.get("partial_rotary_factor")} - {None, 1}
-        if not values or text.model_type in families.REFUSED:
+        if text.model_type in families.REFUSED:
             continue
+        class_default = params.get("partial_rotary_factor") or 1.0
         fam = families.family_for(text.model_type, set())
-        assert {families.partial_default(text.model_type, fam)} == values, mt
+        ours = families.partial_default(text.model_type, fam) or 1.0
+        assert ours == class_default, mt
 
 
 def test_refused_model_types_exist_in_transformers():
@@ -151,3 +154,91 @@ def test_mrope_model_types_are_the_classes_that_keep_mrope_keys():
             keeping.add(text.model_type)
     refused_or_own = set(families.REFUSED) | {"hunyuan_vl_text", "ernie4_5_vl_moe_text"}
     assert keeping - refused_or_own == set(families.MROPE_MODEL_TYPES) - refused_or_own
+
+
+@pytest.mark.parametrize("flag", [None, False, True])
+def test_mrope_tables_match_each_family_module_with_3d_positions(flag):
+    """Which pairs follow which axis: every M-RoPE family, a section that tells the assignments
+    apart, positions whose three axes differ, and mrope_interleaved absent, false or true (no
+    transformers module reads it; posemb follows each family's fixed assignment)."""
+    compared = set()
+    for mt, text, _ in CASES:
+        if text.model_type not in families.MROPE_MODEL_TYPES or mt in families.REFUSED:
+            continue
+        text = copy.deepcopy(text)
+        params = text.rope_parameters
+        if "rope_type" not in params:
+            continue
+        try:
+            n = hf.rope_spec(
+                {**text.to_dict(), "rope_parameters": {**params, "mrope_section": [1, 1, 1]}}
+            )
+        except ValueError as err:
+            n = int(str(err).split("has ")[-1].split(" pairs")[0]) if "pairs" in str(err) else None
+        if n is None:
+            continue
+        section = [n - 2 * (n // 3), n // 3, n // 3]
+        params["mrope_section"] = section
+        params.pop("mrope_interleaved", None)
+        if flag is not None:
+            params["mrope_interleaved"] = flag
+        fam = families.family_for(text.model_type, set())
+        if flag is not None and "mrope_interleaved" not in fam.rope_keys:
+            # The family's class does not keep the key: strict reading refuses it.
+            with pytest.raises(ValueError, match="'mrope_interleaved'] is not read"):
+                hf.HFRotaryEmbedding(text)
+            continue
+        name = hr.hf_frequencies(text)[0]
+        cls = next(c for c in hr.rotary_classes(text) if c.__name__ == name)
+        try:
+            theirs = cls(config=text)
+        except Exception:  # a class whose defaults do not build
+            continue
+        mine = hf.HFRotaryEmbedding(text)
+        pos = torch.arange(11)[None].expand(2, 11)
+        pos3 = torch.stack([pos, 3 * pos + 1, 7 * pos + 2])
+        x = torch.zeros(2, 3, 5)
+        want, got = theirs(x, pos3), mine(x, pos3)
+        for a, b in zip(want, got, strict=True):
+            assert a.shape == b.shape, mt
+            assert float((a - b).abs().max()) < 1e-5, (mt, flag)
+        compared.add(text.model_type)
+    assert {"qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_5_text"} <= compared
+
+
+def _rope_gates() -> dict[str, str]:
+    """Model folders whose attention rotates only some layers, read off transformers' code.
+
+    Two gates exist in transformers 5.24's modeling files: ``if self.sliding_window is None or
+    self.is_sliding`` (EXAONE 4 style) and ``if self.sliding_window is not None`` right before
+    ``apply_rotary_pos_emb`` with a per-layer window (Cohere 2 style).
+    """
+    import pathlib
+    import re
+
+    root = pathlib.Path(transformers_pkg.__file__).parent / "models"
+    gates = {}
+    for path in root.glob("*/modeling_*.py"):
+        src = path.read_text(encoding="utf-8")
+        if re.search(r"if self\.sliding_window is None or self\.is_sliding:", src):
+            gates[path.parent.name] = "sliding_if_window"
+        elif re.search(
+            r"if self\.sliding_window is not None(?: or self\.force_rope)?:\n(?:.*\n)?\s*"
+            r"query_states, key_states = apply_rotary_pos_emb",
+            src,
+        ):
+            gates[path.parent.name] = "sliding_only"
+    return gates
+
+
+def test_every_layer_gate_in_transformers_has_a_rule():
+    """A model whose attention skips RoPE on some layers is read with that rule (or refused)."""
+    gates = _rope_gates()
+    assert {"exaone4", "cohere2"} <= set(gates)  # the scan finds what it looks for
+    for folder, gate in gates.items():
+        types = [mt for mt, cls in CONFIG_MAPPING.items() if f"models.{folder}." in cls.__module__]
+        for mt in types:
+            if mt in families.REFUSED or "vision" in mt:
+                continue
+            fam = families.family_for(mt, set())
+            assert fam.rope_layers == gate, (mt, gate, fam.name)

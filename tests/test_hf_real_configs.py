@@ -134,3 +134,44 @@ def test_ministral3_temperature_and_its_off_switch():
 def test_kimi_k2_reads_as_deepseek_v3():
     d = _load(DATA / "kimi_k2__kimi-k2-instruct.json")
     _compare(d, None)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_deepseek_layout_rotates_as_transformers_attention(interleave):
+    """rotary_from_config's layout is the pairing DeepSeek-V3's attention rotates: the attention
+    logits q_m . k_n from posemb's module equal those after transformers' apply_rotary_pos_emb
+    (or its _interleave variant, which also reorders the channels, so logits are compared)."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    d = {**_load(DATA / "deepseek_v3__deepseek-v3.json"), "rope_interleave": interleave}
+    text = hr.hf_config(d)
+    theirs = ds.DeepseekV3RotaryEmbedding(config=text)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 9, 64, dtype=torch.float64, generator=gen)
+    k = torch.randn(1, 2, 9, 64, dtype=torch.float64, generator=gen)
+    pos = torch.arange(9)[None]
+    cos, sin = theirs(q.float(), pos)
+    fn = ds.apply_rotary_pos_emb_interleave if interleave else ds.apply_rotary_pos_emb
+    wq, wk = fn(q, k, cos.double(), sin.double())
+    want = wq @ wk.transpose(-1, -2)
+    gq, gk = hf.rotary_from_config(d)(q, k, pos[0])
+    # transformers' float32 tables at positions < 9: a few float32 roundings per term.
+    assert float((gq @ gk.transpose(-1, -2) - want).abs().max()) < 1e-4
+    oq, ok = hf.rotary_from_config({**d, "rope_interleave": not interleave})(q, k, pos[0])
+    assert float((oq @ ok.transpose(-1, -2) - want).abs().max()) > 1e-1
+
+
+def test_exaone_4_5_full_layers_rotate_nothing():
+    m = hf.model_rope(_load(DATA / "exaone4_5__exaone-4.5-33b.json"))
+    assert m.kind("full_attention").spec is None
+    assert "only sliding layers rotate" in m.kind("full_attention").reason
+    assert m.kind("sliding_attention").spec is not None
+
+
+@pytest.mark.parametrize("key", ["llm_config", "language_config"])
+def test_text_settings_nested_under_other_names(key):
+    """InternVL keeps its language model under llm_config, DeepSeek-VL2 under language_config."""
+    text = _load(DATA / "qwen2__qwen2.5-7b-instruct.json")
+    outer = {"model_type": "internvl_chat", key: text, "vision_config": {"hidden_size": 8}}
+    assert hf.model_rope(outer).text_config == key
+    assert hf.rope_spec(outer) == hf.rope_spec(text)

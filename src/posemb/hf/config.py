@@ -11,6 +11,7 @@ in :mod:`posemb.hf`.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -214,11 +215,13 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
 
 
 def _as_dict(config: object) -> dict[str, object]:
+    # A deep copy: reading (and transformers, when it fills defaults) must never change the
+    # caller's dict.
     if isinstance(config, Mapping):
-        return dict(config)
+        return copy.deepcopy(dict(config))
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
-        return dict(to_dict())
+        return copy.deepcopy(dict(to_dict()))
     raise ValueError(
         "config must be a transformers config or a dict from config.json, "
         f"got {type(config).__name__}"
@@ -241,12 +244,18 @@ def _text_part(d: dict[str, object]) -> tuple[dict[str, object], str]:
     """The text model's settings: a nested ``text_config``-like dict when there is one."""
     for key in _TEXT_KEYS:
         sub = d.get(key)
-        if isinstance(sub, dict) and sub:
+        if sub is not None and not isinstance(sub, dict):
+            raise ValueError(f"{key} must be a JSON object (the text model's config), got {sub!r}")
+        if sub:
             return sub, key
     return d, ""
 
 
 def _model_type(d: dict[str, object], text: dict[str, object]) -> str | None:
+    for where, cfg in (("text config", text), ("config", d)):
+        mt = cfg.get("model_type")
+        if mt is not None and not isinstance(mt, str):
+            raise ValueError(f"model_type in the {where} must be a string, got {mt!r}")
     mt = text.get("model_type", d.get("model_type"))
     return mt if isinstance(mt, str) else None
 
@@ -289,6 +298,12 @@ def _kinds(
             raise _Missing("no_rope_layers")
         if not isinstance(flags, list) or not all(f in (0, 1) for f in flags):
             raise ValueError(f"no_rope_layers must be a list of 0/1 per layer, got {flags!r}")
+        layers = text.get("num_hidden_layers")
+        if layers is not None and len(flags) != layers:
+            raise ValueError(
+                f"no_rope_layers has {len(flags)} entries, but num_hidden_layers is {layers}: "
+                f"one 0/1 flag per layer"
+            )
         rope = tuple(i for i, f in enumerate(flags) if f)
         nope = tuple(i for i, f in enumerate(flags) if not f)
         return [(n, ix) for n, ix in (("rope", rope), ("nope", nope)) if ix]
@@ -296,6 +311,12 @@ def _kinds(
     if lt is not None:
         if not isinstance(lt, list) or not lt or not all(isinstance(t, str) and t for t in lt):
             raise ValueError(f"layer_types must be a non-empty list of names, got {lt!r}")
+        layers = text.get("num_hidden_layers")
+        if isinstance(layers, int) and len(lt) != layers:
+            raise ValueError(
+                f"layer_types has {len(lt)} entries, but num_hidden_layers is {layers}: one "
+                f"layer type per layer"
+            )
         order: dict[str, list[int]] = {}
         for i, t in enumerate(lt):
             order.setdefault(t, []).append(i)
@@ -352,6 +373,17 @@ def _head_dim(text: dict[str, object], fam: Family, layer_type: str | None) -> t
     return _int("hidden_size", hidden) // _int("num_attention_heads", heads), "hidden_size"
 
 
+def _agree(key: str, value: object, generic: str, generic_value: object, fam: Family) -> None:
+    """Refuse a generic key that the family's class ignores when it says something else."""
+    if generic_value is None or generic_value == value:
+        return
+    said = "absent" if value is None else f"{value!r}"
+    raise ValueError(
+        f"{generic} is {generic_value!r}, but {fam.name}'s config class reads {key} ({said}) and "
+        f"ignores {generic}; give {key} the intended value (or make them agree)"
+    )
+
+
 def _read_kind(
     text: dict[str, object],
     fam: Family,
@@ -394,27 +426,41 @@ def _read_kind(
     if id(p) not in checked:
         notes += _check_keys(src, p, rope_type, fam, strict)
 
-    # The base: the rope dict, the top level, the family's spelling; never a silent default.
-    local = fam.scaling_on is not None and layer_type not in (None, fam.scaling_on)
+    # The base: the rope dict, then the family's own spelling (which its class reads instead of
+    # the generic one), the top level, a base fixed by the modeling code; never a silent default.
+    local = fam.local_theta_key is not None and layer_type == "sliding_attention"
     theta = p.get("rope_theta")
-    if theta is None and local and fam.local_theta_key is not None:
-        theta = text.get(fam.local_theta_key)
+    if theta is None and local:
+        key = str(fam.local_theta_key)
+        theta = text.get(key)
         if theta is None:
-            raise _Missing(fam.local_theta_key)
-    if theta is None:
-        theta = text.get("rope_theta")
+            raise _Missing(key)
     if theta is None and fam.theta_key is not None:
         theta = text.get(fam.theta_key)
+        _agree(fam.theta_key, theta, "rope_theta", text.get("rope_theta"), fam)
+        if theta is None:
+            raise _Missing(fam.theta_key)
+    if theta is None:
+        theta = text.get("rope_theta")
     if theta is None and fam.fixed_theta is not None:
         theta = fam.fixed_theta
-    if theta is None:
-        raise _Missing("rope_theta")
-    base = _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
+    # A missing base is resolved after the rest is checked, so that the file's own mistakes
+    # are named first.
+    base = None if theta is None else _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
 
     head_dim, _ = _head_dim(text, fam, layer_type)
-    partial_raw = p.get("partial_rotary_factor", text.get("partial_rotary_factor"))
+    partial_raw = p.get("partial_rotary_factor")
     if partial_raw is None and fam.partial_key is not None:
         partial_raw = text.get(fam.partial_key)
+        _agree(
+            fam.partial_key,
+            partial_raw,
+            "partial_rotary_factor",
+            text.get("partial_rotary_factor"),
+            fam,
+        )
+    elif partial_raw is None:
+        partial_raw = text.get("partial_rotary_factor")
     class_partial = partial_default(model_type, fam)
     if partial_raw is None and class_partial is not None:
         partial_raw = class_partial
@@ -470,6 +516,8 @@ def _read_kind(
         )
 
     scaling = _scaling(src, p, rope_type, rotary_dim, partial, max_pos, orig or 0, notes)
+    if base is None:
+        raise _Missing("rope_theta")
 
     section: tuple[int, int, int] | None = None
     interleaved = False
@@ -488,12 +536,14 @@ def _read_kind(
         if not isinstance(flag, bool):
             raise ValueError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
         interleaved = flag
-        if fam.mrope_always_interleaved and not flag:
-            interleaved = True
-            notes.append(
-                f"{fam.name}: transformers interleaves the M-RoPE axes whatever mrope_interleaved "
-                f"says; read as interleaved"
-            )
+        if fam.mrope_assignment is not None:
+            # No transformers module reads mrope_interleaved: each family's code fixes it.
+            interleaved = fam.mrope_assignment == "interleaved"
+            if "mrope_interleaved" in p and flag != interleaved:
+                notes.append(
+                    f"mrope_interleaved is {str(flag).lower()}, but {fam.name}'s module always "
+                    f"assigns pairs {fam.mrope_assignment}: read as transformers does"
+                )
 
     temperature = None
     if fam.temperature == "llama4_beta" and p.get("llama_4_scaling_beta") is not None:
@@ -654,6 +704,8 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         tuning = text.get("attn_temperature_tuning")
         if tuning is None:
             raise _Missing("attn_temperature_tuning")
+        if not isinstance(tuning, bool):
+            raise ValueError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
         if tuning:
             for key in ("floor_scale", "attn_scale"):
                 if text.get(key) is None:
@@ -662,18 +714,42 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
                 _int("floor_scale", text["floor_scale"]),
                 _num("attn_scale", text["attn_scale"], minimum=0),
             )
-    if fam.scaling_on is not None and not nested and text.get("layer_types") is None:
-        # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern);
-        # reading one RoPE for all would give the sliding layers the scaled one.
+    splits = fam.scaling_on is not None or fam.local_theta_key is not None
+    if (splits or fam.rope_layers != "all") and text.get("layer_types") is None:
+        # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern,
+        # EXAONE 4's LLLG); reading one RoPE for all would be wrong on some layers.
         raise _Missing("layer_types")
+    if fam.scaling_on is not None and not nested and src.endswith("rope_parameters") and params:
+        raise ValueError(
+            f"{src} is a single rope dict, which {fam.name}'s config class does not apply to any "
+            f"layer type; give it as rope_scaling (the {fam.scaling_on} layers' scaling) or per "
+            f"layer type"
+        )
+    window = text.get("sliding_window")
+    if fam.rope_layers != "all" and "sliding_window" not in text:
+        raise _Missing("sliding_window")
+    force = False
+    if fam.force_rope_key is not None:
+        flag = text.get(fam.force_rope_key, False)
+        if not isinstance(flag, bool):
+            raise ValueError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
+        force = flag
     for name, layers in _kinds(text, fam, params, nested):
         where_kind = src if not nested else f"{src}[{name!r}]"
         if name is not None and name in fam.nope_layer_types:
             kinds_out.append(LayerKind(name, None, layers, f"{name} layers have no attention RoPE"))
             continue
-        if fam.nope_full_if_sliding and name == "full_attention" and text.get("sliding_window"):
+        if (
+            name != "sliding_attention"
+            and not force
+            and (
+                fam.rope_layers == "sliding_only"
+                or (fam.rope_layers == "sliding_if_window" and window is not None)
+            )
+        ):
+            why = "with a sliding window set, " if fam.rope_layers == "sliding_if_window" else ""
             kinds_out.append(
-                LayerKind(name, None, layers, "EXAONE 4 rotates only its sliding-window layers")
+                LayerKind(name, None, layers, f"{fam.name}: {why}only sliding layers rotate")
             )
             continue
         if name == "nope" and fam.layer_kinds_from_no_rope:
@@ -682,27 +758,30 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
             )
             continue
         if nested:
+            entry = params.get(name) if name is not None else None
             if name not in params:
-                # transformers builds tables only for the layer types the rope dict names;
-                # the others (LFM's conv blocks, Dory's MLP blocks) do not rotate.
-                kinds_out.append(LayerKind(name, None, layers, f"{src} has no entry for it"))
-                continue
-            entry = params[name]
-            if entry is None:
+                if not splits:
+                    # transformers builds tables only for the layer types the rope dict names;
+                    # the others (LFM's conv blocks, Dory's MLP blocks) do not rotate.
+                    kinds_out.append(LayerKind(name, None, layers, f"{src} has no entry for it"))
+                    continue
+                # Gemma 3 / OLMo 3 / ModernBERT classes fill a missing layer type with plain
+                # RoPE at that layer type's base.
+                entry = {"rope_type": "default"}
+            elif entry is None:
                 kinds_out.append(LayerKind(name, None, layers, f"{where_kind} is null"))
                 continue
             p: dict[str, object] = dict(entry)  # type: ignore[call-overload]
         elif fam.scaling_on is not None and name not in (None, fam.scaling_on):
             # Gemma 3 / OLMo 3: a flat rope_scaling is the full-attention layers' scaling;
-            # the other layers rotate plainly (configuration_gemma3.py, configuration_olmo3.py).
+            # the other layers rotate plainly at their own base (configuration_gemma3.py,
+            # configuration_olmo3.py), never at a base given inside rope_scaling.
             if params:
                 rope_type = params.get("rope_type") or params.get("type") or "default"
                 if isinstance(rope_type, str) and rope_type in ROPE_KEYS:
                     notes += _check_keys(src, params, rope_type, fam, strict)
                 checked.add(id(params))
             p = {"rope_type": "default"}
-            if "rope_theta" in params and fam.local_theta_key is None:
-                p["rope_theta"] = params["rope_theta"]
         else:
             p = params
         spec = _read_kind(text, fam, model_type, where_kind, p, name, strict, checked)
@@ -730,18 +809,25 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
         raise ValueError(
             f"{what} does not set {missing!r}, and without model_type no class default can be read"
         )
+    if outer_type not in transformers.CONFIG_MAPPING:
+        raise ValueError(
+            f"{what} does not set {missing!r}, and transformers {transformers.__version__} has no "
+            f"config class for model_type {outer_type!r} to read its default from"
+        )
     # transformers logs its own validation warnings while building the config; posemb reports
     # what matters in the spec's notes, so they are silenced for this one call.
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         cfg = transformers.AutoConfig.for_model(
-            outer_type, **{k: v for k, v in d.items() if k != "model_type"}
+            outer_type, **copy.deepcopy({k: v for k, v in d.items() if k != "model_type"})
         )
     except Exception as err:  # any failure inside transformers, said in one line
+        said = " ".join(str(err).split())
+        said = said if len(said) <= 300 else said[:297] + "..."
         raise ValueError(
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
-            f"build its config to read the default ({type(err).__name__}: {str(err)[:120]})"
+            f"build its config to read the default ({type(err).__name__}: {said})"
         ) from None
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -749,6 +835,13 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
     out: dict[str, object] = dict(text.to_dict())
     out["__resolved_from__"] = type(text).__name__
     return out
+
+
+def _mentions(d: object, key: str) -> bool:
+    """True when ``key`` is set (not null) anywhere in a nested config dict."""
+    if isinstance(d, dict):
+        return any((k == key and v is not None) or _mentions(v, key) for k, v in d.items())
+    return False
 
 
 def model_rope(config: object, *, strict: bool = True) -> ModelRope:
@@ -786,6 +879,16 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
             f"model_type {model_type!r}: {again.key!r} is missing even after transformers' "
             f"{cls} filled its defaults"
         ) from None
+    # transformers falls back to max_position_embeddings for a missing original length; posemb
+    # refuses that (see posemb.hf, difference 4), also when other keys came from the class.
+    if not _mentions(d, "original_max_position_embeddings"):
+        for k in out.kinds:
+            if k.spec is not None and k.spec.rope_type in ("yarn", "llama3", "longrope"):
+                raise ValueError(
+                    f"original_max_position_embeddings is missing: rope_type "
+                    f"{k.spec.rope_type!r} needs the pre-training context length (a positive "
+                    f"integer)"
+                )
     note = f"{missing} not in the file: every value read from transformers' {cls} defaults"
     kinds = tuple(
         replace(k, spec=replace(k.spec, notes=(note, *k.spec.notes))) if k.spec else k

@@ -15,7 +15,7 @@ named in the rule) and is tested against it on published configs in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..kernels.layout import Layout
 
@@ -30,6 +30,9 @@ FAMILY_KEYS = frozenset(
         "rotary_emb_base",
         "rope_local_base_freq",
         "global_head_dim",
+        "global_rope_theta",
+        "local_rope_theta",
+        "force_rope",
         "rope_interleave",
         "no_rope_layers",
         "attn_temperature_tuning",
@@ -57,7 +60,13 @@ class Family:
             types get plain RoPE (Gemma 3, OLMo 3).
         nope_layer_types: layer types that rotate nothing (linear attention, EXAONE 4's global
             layers when a sliding window is set).
-        nope_full_if_sliding: EXAONE 4: full-attention layers rotate only without a sliding window.
+        rope_layers: which attention layers rotate: ``"all"``; ``"sliding_if_window"`` (EXAONE 4:
+            only the sliding-window layers when ``sliding_window`` is set, every layer
+            otherwise); ``"sliding_only"`` (Cohere 2, Flint: full-attention layers never rotate,
+            unless ``force_rope_key`` is true).
+        force_rope_key: a boolean key that makes every layer rotate (Cohere 2 MoE).
+        local_scaling: whether a flat ``rope_scaling`` also applies to the local layers
+            (ModernBERT: yes; Gemma 3, OLMo 3: no, see ``scaling_on``).
         global_head_dim_key: head size of the full-attention layers when it differs (Gemma 4).
         layout_key: key choosing the pairing; ``default_layout`` when absent.
         default_layout: the pairing the family's checkpoints rotate in.
@@ -72,14 +81,16 @@ class Family:
         layer_kinds_from_no_rope: Llama 4: ``no_rope_layers`` (1 = RoPE, 0 = none) splits the
             layers into the kinds ``"rope"`` and ``"nope"``.
         mrope: the family uses multimodal RoPE (``mrope_section`` in the rope parameters).
+        mrope_assignment: how the family's module assigns pairs to axes, whatever the config
+            says: ``"chunked"`` (Qwen2-VL: sections in turn) or ``"interleaved"`` (Qwen3-VL:
+            pair j follows axis j mod 3). No transformers module reads ``mrope_interleaved``.
         tables: what the family's rotary module returns, which :class:`~posemb.hf.HFRotaryEmbedding`
             reproduces: ``"half"`` (``cat([cos, cos])`` and sin, for ``rotate_half``),
             ``"interleaved"`` (each of cos and sin repeated twice in place, GLM-4V),
             ``"complex"`` (``cos + i sin`` of width rotary_dim / 2: Llama 4, DeepSeek-V2),
             ``"half_width"`` (cos and sin of width rotary_dim / 2, gpt-oss) or
             ``"table"`` (GPT-J's stacked sin/cos buffer, which posemb does not replace).
-        mrope_always_interleaved: the family's rotary module interleaves the M-RoPE axes
-            whatever ``mrope_interleaved`` says (Qwen3-VL, Qwen3.5).
+
         no_rope_unless: a boolean key that must be false for the model to use RoPE at all
             (Falcon's ``alibi``).
     """
@@ -95,7 +106,9 @@ class Family:
     local_theta_key: str | None = None
     scaling_on: str | None = None
     nope_layer_types: frozenset[str] = frozenset()
-    nope_full_if_sliding: bool = False
+    rope_layers: str = "all"
+    force_rope_key: str | None = None
+    mrope_assignment: str | None = None
     global_head_dim_key: str | None = None
     layout_key: str | None = None
     default_layout: Layout = Layout.HALF
@@ -107,7 +120,6 @@ class Family:
     mrope: bool = False
     no_rope_unless: str | None = None
     tables: str = "half"
-    mrope_always_interleaved: bool = False
 
     def reads(self) -> frozenset[str]:
         """The keys of :data:`FAMILY_KEYS` this rule reads."""
@@ -122,6 +134,8 @@ class Family:
         }
         if self.layer_kinds_from_no_rope:
             keys.add("no_rope_layers")
+        if self.force_rope_key:
+            keys.add(self.force_rope_key)
         if self.temperature == "llama4":
             keys.add("attn_temperature_tuning")
         return frozenset(k for k in keys if k is not None) & FAMILY_KEYS
@@ -174,11 +188,21 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "GPT-NeoX / Pythia",
-        ("gpt_neox", "gpt_neox_japanese"),
+        ("gpt_neox",),
         "GPTNeoXRotaryEmbedding",
+        # configuration_gpt_neox.py reads only these spellings (a top-level rope_theta or
+        # partial_rotary_factor is ignored there, so posemb refuses one that disagrees).
         partial_key="rotary_pct",
         theta_key="rotary_emb_base",
         partial_default=0.25,
+    ),
+    Family(
+        "GPT-NeoX Japanese",
+        ("gpt_neox_japanese",),
+        "GPTNeoXJapaneseRotaryEmbedding",
+        partial_key="rotary_pct",
+        theta_key="rotary_emb_base",
+        partial_default=1.0,
     ),
     Family(
         "Phi-1 / Phi-2",
@@ -196,7 +220,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("GLM / GLM-4", ("glm", "glm4"), "GlmRotaryEmbedding", partial_default=0.5),
     Family(
         "Phi-3 / Phi-3.5 / Phi-4 (LongRoPE)",
-        ("phi3", "phimoe"),
+        ("phi3",),
         "Phi3RotaryEmbedding",
         # configuration_phi3.py renames the early spellings of LongRoPE.
         rope_type_aliases={"su": "longrope", "yarn": "longrope"},
@@ -222,11 +246,11 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("OLMo 3", ("olmo3",), "Olmo3RotaryEmbedding", scaling_on="full_attention"),
     Family(
-        "EXAONE 4",
-        ("exaone4",),
+        "EXAONE 4 / 4.5 / MoE, Kolibri",
+        ("exaone4", "exaone4_5", "exaone4_5_text", "exaone_moe", "kolibri1"),
         "Exaone4RotaryEmbedding",
-        # modeling_exaone4.py rotates only on sliding layers when a sliding window is set.
-        nope_full_if_sliding=True,
+        # modeling_exaone4.py: `if self.sliding_window is None or self.is_sliding` rotates.
+        rope_layers="sliding_if_window",
     ),
     Family(
         "Llama 4",
@@ -245,37 +269,52 @@ FAMILIES: tuple[Family, ...] = (
         temperature="llama4_beta",
     ),
     Family(
-        "Qwen2-VL / Qwen2.5-VL (M-RoPE)",
-        ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"),
+        "Qwen2-VL / Qwen2.5-VL / Qwen2.5-Omni (M-RoPE)",
+        (
+            *("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"),
+            *("qwen2_5_omni_text", "qwen2_5_omni_talker"),
+        ),
         "Qwen2VLRotaryEmbedding",
         rope_keys=_MROPE,
         rope_type_aliases={"mrope": "default"},
         mrope=True,
+        mrope_assignment="chunked",
     ),
     Family(
         "Qwen3-VL / Qwen3.5 (interleaved M-RoPE)",
         (
             *("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"),
             *("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+            *("qwen3_omni_moe_text", "qwen4_exp_text", "hy_v4_vl_text", "cohere_compass_text"),
         ),
         "Qwen3VLTextRotaryEmbedding",
         rope_keys=_MROPE,
         rope_type_aliases={"mrope": "default"},
         nope_layer_types=frozenset({"linear_attention"}),
         mrope=True,
-        # modeling_qwen3_vl.py / modeling_qwen3_5.py always take the interleaved assignment.
-        mrope_always_interleaved=True,
+        # modeling_qwen3_vl.py and its copies always take the interleaved assignment.
+        mrope_assignment="interleaved",
     ),
     Family(
         "GLM-4.1V / GLM-4.5V (M-RoPE, interleaved pairs)",
-        ("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_ocr", "glm_ocr_text"),
+        (*("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_ocr", "glm_ocr_text"),),
         "Glm4vTextRotaryEmbedding",
         rope_keys=frozenset({"mrope_section"}),
         # modeling_glm4v.py pairs channels (2i, 2i+1) (rotate_half_llm) and repeats each
         # frequency twice in place.
         default_layout=Layout.INTERLEAVED,
         mrope=True,
+        mrope_assignment="chunked",
         tables="interleaved",
+    ),
+    Family(
+        "GLM-Image (M-RoPE)",
+        ("glm_image", "glm_image_text"),
+        "GlmImageTextRotaryEmbedding",
+        # modeling_glm_image.py: GLM-4V's chunked assignment with rotate_half tables.
+        rope_keys=frozenset({"mrope_section"}),
+        mrope=True,
+        mrope_assignment="chunked",
     ),
     Family("Falcon", ("falcon",), "FalconRotaryEmbedding", no_rope_unless="alibi"),
     Family(
@@ -286,9 +325,36 @@ FAMILIES: tuple[Family, ...] = (
         tables="half_width",
     ),
     Family(
-        "Cohere Command R / R7B, BLT",
+        "Cohere Command R7B / A (Cohere 2)",
+        ("cohere2", "cohere2_vision", "aya_vision"),
+        "Cohere2RotaryEmbedding",
+        # modeling_cohere2.py rotates only layers with a sliding window; tables as Cohere's.
+        default_layout=Layout.INTERLEAVED,
+        tables="interleaved",
+        rope_layers="sliding_only",
+    ),
+    Family(
+        "Cohere 2 MoE",
+        ("cohere2_moe",),
+        "Cohere2MoeRotaryEmbedding",
+        default_layout=Layout.INTERLEAVED,
+        tables="interleaved",
+        rope_layers="sliding_only",
+        force_rope_key="force_rope",
+    ),
+    Family("Flint", ("flint",), "FlintRotaryEmbedding", rope_layers="sliding_only"),
+    Family(
+        "ModernBERT",
+        ("modernbert", "modernbert-decoder"),
+        "ModernBertRotaryEmbedding",
+        # configuration_modernbert.py: one scaling for both layer types, a base for each.
+        theta_key="global_rope_theta",
+        local_theta_key="local_rope_theta",
+    ),
+    Family(
+        "Cohere Command R, BLT",
         (
-            *("cohere", "cohere2", "cohere2_moe"),
+            "cohere",
             *("blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher"),
         ),
         "CohereRotaryEmbedding",
@@ -376,6 +442,8 @@ REFUSED: dict[str, str] = {
     "eomt_dinov3": "a vision backbone's patch RoPE",
     "efficientloftr": "a vision matcher's 2D RoPE",
     "smollm3": "no_rope_layers with its own NoPE pattern",
+    "zaya": "a hybrid rope dict per block kind",
+    "phimoe": "LongRoPE with separate short and long attention factors (short_mscale, long_mscale)",
     "cosmos3_edge": "M-RoPE with its own assignment of pairs to axes",
     "cosmos3_edge_text": "M-RoPE with its own assignment of pairs to axes",
 }
@@ -405,7 +473,11 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
         )
     fam = _BY_TYPE.get(model_type or "", GENERIC)
     if fam is GENERIC and model_type in MROPE_MODEL_TYPES:
-        fam = replace(GENERIC, rope_keys=_MROPE, mrope=True)
+        # Every M-RoPE class is in a family above; a new one must say how it assigns axes.
+        raise ValueError(
+            f"model_type {model_type!r} uses multimodal RoPE with an assignment of pairs to "
+            f"axes posemb has no rule for"
+        )
     stray = sorted((set(keys) & FAMILY_KEYS) - fam.reads())
     # phi-1 keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig ignores it.
     if fam.name.startswith("Phi-1"):
