@@ -175,3 +175,103 @@ def test_text_settings_nested_under_other_names(key):
     outer = {"model_type": "internvl_chat", key: text, "vision_config": {"hidden_size": 8}}
     assert hf.model_rope(outer).text_config == key
     assert hf.rope_spec(outer) == hf.rope_spec(text)
+
+
+def _variant(name: str, change) -> dict:
+    d = _load(DATA / name)
+    change(d.get("text_config", d))
+    return d
+
+
+VARIANTS = {
+    # Gemma 3 in transformers 5's nested form, one layer type left for the class to fill.
+    "gemma3 nested, sliding entry missing": (
+        "gemma3__gemma-3-27b-it.json",
+        lambda t: t.update(
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0}},
+            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 10
+            + ["sliding_attention"] * 2,
+            rope_theta=1e6,
+            rope_local_base_freq=1e4,
+        ),
+    ),
+    # OLMo 3 with a base inside rope_scaling: the full layers take it, the sliding ones not.
+    "olmo3 base inside rope_scaling": (
+        "olmo3__olmo-3.1-32b-instruct.json",
+        lambda t: t["rope_scaling"].update(rope_theta=1e6),
+    ),
+    "exaone4 without a sliding window": (
+        "exaone4__exaone-4.0-32b.json",
+        lambda t: t.update(sliding_window=None),
+    ),
+    "gpt_neox with agreeing generic keys": (
+        "gpt_neox__dolly-v2-3b.json",
+        lambda t: t.update(rope_theta=10000, partial_rotary_factor=0.25),
+    ),
+    "llama4 with explicit no_rope_layers": (
+        "llama4__llama-4-scout-17b-16e-instruct.json",
+        lambda t: t.update(
+            no_rope_layers=[int((i + 1) % 3 != 0) for i in range(48)],
+            attn_temperature_tuning=True,
+            floor_scale=8192,
+            attn_scale=0.1,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variants_of_published_configs_match_transformers(variant):
+    name, change = VARIANTS[variant]
+    _compare(_variant(name, change), None)
+
+
+def test_exaone4_without_a_window_rotates_every_layer():
+    d = _variant("exaone4__exaone-4.0-32b.json", lambda t: t.update(sliding_window=None))
+    assert all(k.spec is not None for k in hf.model_rope(d).kinds)
+
+
+def test_gpt_neox_generic_keys_that_its_class_ignores_are_refused():
+    d = _variant("gpt_neox__dolly-v2-3b.json", lambda t: t.update(rope_theta=1e6))
+    with pytest.raises(ValueError, match=r"rope_theta is 1000000\.0, but GPT-NeoX"):
+        hf.model_rope(d)
+    d = _variant("gpt_neox__dolly-v2-3b.json", lambda t: t.update(partial_rotary_factor=0.5))
+    with pytest.raises(ValueError, match=r"reads rotary_pct \(0\.25\) and ignores"):
+        hf.model_rope(d)
+
+
+def test_reading_never_changes_the_callers_dict():
+    d = _load(DATA / "gemma3__gemma-3-4b-it.json")  # resolved through transformers
+    before = json.dumps(d, sort_keys=True)
+    hf.model_rope(d)
+    hf.model_rope(d)
+    assert json.dumps(d, sort_keys=True) == before
+
+
+def test_llama4_flags_must_cover_every_layer():
+    d = _variant(
+        "llama4__llama-4-scout-17b-16e-instruct.json",
+        lambda t: t.update(no_rope_layers=[1, 0] * 10),
+    )
+    with pytest.raises(ValueError, match="no_rope_layers has 20 entries, but num_hidden_layers"):
+        hf.model_rope(d)
+
+
+def test_modernbert_bases_per_layer_type():
+    """ModernBERT's keys (global_rope_theta, local_rope_theta, global_attn_every_n_layers, as in
+    answerdotai/ModernBERT-base; typed here, no published copy was found) read as transformers."""
+    d = {
+        "model_type": "modernbert",
+        "global_rope_theta": 160000.0,
+        "local_rope_theta": 10000.0,
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 22,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "max_position_embeddings": 8192,
+    }
+    rows = _compare(d, None)
+    bases = {k.layer_type: k.spec.base for k in hf.model_rope(d).kinds}
+    assert bases == {"full_attention": 160000.0, "sliding_attention": 10000.0}
+    assert len(rows) == 2

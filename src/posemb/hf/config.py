@@ -699,6 +699,8 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     nested = _is_nested(params, lt if isinstance(lt, list) else None)
     kinds_out: list[LayerKind] = []
     checked: set[int] = set()
+    # The file's own layer list is checked before anything is left to the class defaults.
+    kinds = _kinds(text, fam, params, nested)
     temperature = None
     if fam.temperature == "llama4":
         tuning = text.get("attn_temperature_tuning")
@@ -734,7 +736,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         if not isinstance(flag, bool):
             raise ValueError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
         force = flag
-    for name, layers in _kinds(text, fam, params, nested):
+    for name, layers in kinds:
         where_kind = src if not nested else f"{src}[{name!r}]"
         if name is not None and name in fam.nope_layer_types:
             kinds_out.append(LayerKind(name, None, layers, f"{name} layers have no attention RoPE"))
