@@ -26,13 +26,16 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._io import atomic_write_bytes
-from ..absolute import sinusoidal_table
+from ..absolute import LearnedEmbedding, sinusoidal_table
 from ..freqs import wavelengths
+
+if TYPE_CHECKING:
+    from ..lab.model import TinyLM
 
 TITLE = "Positional Embeddings: Injecting Sequence Order"
 SUBTITLE = "Why Transformers are permutation-invariant and how positional vectors restore order."
@@ -82,17 +85,26 @@ class LearnedTable:
     info: dict[str, Any]
 
 
-def _initial_model(vocab: int, seed: int) -> Any:
+def _initial_model(vocab: int, seed: int) -> TinyLM:
     """The untrained lab model the table starts from (same seed, same draws every time)."""
     from ..lab.model import ModelConfig, TinyLM
 
-    torch.manual_seed(seed)
-    return TinyLM(ModelConfig(vocab=vocab, encoding="learned", **TABLE_MODEL))
+    # Seed a forked generator: the caller's global random state is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TinyLM(ModelConfig(vocab=vocab, encoding="learned", **TABLE_MODEL))
+
+
+def _table_of(model: TinyLM) -> torch.Tensor:
+    """A copy of the learned model's position table ``(max_len, width)``."""
+    if not isinstance(model.input_pos, LearnedEmbedding):
+        raise ValueError(f"model must use the learned encoding, got {model.cfg.encoding!r}")
+    return model.input_pos.weight.detach().clone()
 
 
 def initial_table(vocab: int, seed: int = TABLE_RUN.seed) -> torch.Tensor:
     """The position table before training: ``(max_len, width)``, N(0, 0.02^2) draws."""
-    return _initial_model(vocab, seed).input_pos.weight.detach().clone()
+    return _table_of(_initial_model(vocab, seed))
 
 
 def train_learned_table(steps: int = TABLE_RUN.steps, seed: int = TABLE_RUN.seed) -> LearnedTable:
@@ -134,7 +146,7 @@ def train_learned_table(steps: int = TABLE_RUN.steps, seed: int = TABLE_RUN.seed
         "unigram_entropy": data.unigram_entropy(),
         "torch": torch.__version__,
     }
-    return LearnedTable(model.input_pos.weight.detach().clone(), info)
+    return LearnedTable(_table_of(model), info)
 
 
 def table_json(table: LearnedTable) -> bytes:
