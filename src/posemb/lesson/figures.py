@@ -329,8 +329,8 @@ def fig_blender(summary: dict[str, Any]) -> Figure:
         out_a, out_b = outs[ENCODING_NAMES[encoding]]
         cell, x0, y0 = 9, 150, 40
         body = [
-            f'<text x="{x0}" y="16" font-weight="bold">output of each word ({encoding}); '
-            f"16 channels, blue negative, orange positive</text>"
+            f'<text x="4" y="14" font-weight="bold">each word\'s output, {encoding}</text>',
+            '<text x="4" y="28" font-size="10">16 channels: blue negative, orange positive</text>',
         ]
         for w, word in enumerate(words):
             y = y0 + w * 62
@@ -477,9 +477,8 @@ def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
             color=alt.Color("key:N", title=None, scale=_colors(["the same token", "other tokens"])),
             tooltip=["back:Q", alt.Tooltip("w:Q", format=".3e"), "key:N"],
         )
-        # One path for the 596 other keys keeps the page small; the three copies are points.
-        others = base.transform_filter("datum.key == 'other tokens'").mark_line(
-            aria=False, strokeWidth=1
+        others = base.transform_filter("datum.key == 'other tokens'").mark_point(
+            aria=False, filled=True, size=8
         )
         same = base.transform_filter("datum.key == 'the same token'").mark_point(
             aria=False, filled=True, size=120
@@ -1088,8 +1087,10 @@ MN = tuple(str(i) for i in range(7))
 
 def fig_dials_mn(summary: dict[str, Any]) -> Figure:
     """A query at m and a key at n on one dial; their logit depends on m - n only."""
-    g = torch.Generator().manual_seed(41)
-    q, k = torch.randn(2, 2, generator=g, dtype=F64)
+    # One random 2D vector as both query and key (as in the lesson's trace, q = k): the angle
+    # between the hands is then (m - n) theta itself.
+    q = torch.randn(2, generator=torch.Generator().manual_seed(41), dtype=F64)
+    k = q
     theta = torch.tensor([TOY_THETA], dtype=F64)
 
     def draw(m_s: str, n_s: str) -> tuple[object, str]:
@@ -1099,16 +1100,20 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
         logit = float(qm @ kn)
         cx, cy, r = 120, 120, 90
         aq, ak = _angle(qm), _angle(kn)
-        scale = r / max(float(q.norm()), float(k.norm()))
+        # Hands of fixed length: the angle between them is what moves; the lengths
+        # (||q||, ||k||, unchanged by rotation) are written beside the dial.
+        between = math.degrees((aq - ak) % (2 * math.pi))
         body = [
             _dial_face(cx, cy, r),
             _arc(cx, cy, 30, ak, aq if aq > ak else aq + 2 * math.pi, OKABE_ITO[2]),
-            _hand(cx, cy, float(qm.norm()) * scale, aq, OKABE_ITO[0]),
-            _hand(cx, cy, float(kn.norm()) * scale, ak, OKABE_ITO[1]),
+            _hand(cx, cy, r, aq, OKABE_ITO[0]),
+            _hand(cx, cy, r * 0.75, ak, OKABE_ITO[1]),
             f'<text x="250" y="40" fill="{OKABE_ITO[0]}">query R_m q, m = {m}</text>',
             f'<text x="250" y="60" fill="{OKABE_ITO[1]}">key R_n k, n = {n}</text>',
             f'<text x="250" y="90">m - n = {m - n}</text>',
-            f'<text x="250" y="110">logit = {logit:.4f}</text>',
+            f'<text x="250" y="110" fill="{OKABE_ITO[2]}">angle between {between:.1f}°</text>',
+            f'<text x="250" y="130">logit = {logit:.4f}</text>',
+            f'<text x="250" y="160" font-size="10">q = k = {_vec(q)}</text>',
         ]
         svg = _svg(
             430, 240, f"Dial with the query turned to m = {m} and the key to n = {n}", "".join(body)
@@ -1119,9 +1124,9 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
         "fig-dials-mn",
         4,
         "Turn both hands by the same amount: the logit stays",
-        "A 2D query and key (random, fixed) turned by theta = pi/4 per step to positions m and "
-        "n. Moving m and n together turns both hands alike; the angle between them, and so the "
-        "logit q^T R_(n-m) k, stays the same.",
+        "One 2D vector (random, fixed) as query at position m and as key at position n, turned "
+        "by theta = pi/4 per step. Moving m and n together turns both hands alike; the angle "
+        "between them, and so the logit q^T R_(n-m) k, stays the same.",
         "posemb.rotation_matrix(m, torch.tensor([math.pi / 4])) @ q",
         "A dial with two hands, query and key; the logit shown depends only on m - n.",
         "svg",
@@ -1516,11 +1521,12 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
 
     def draw() -> tuple[object, str]:
         rows = [{"pair": i, "period": _r(v)} for i, v in enumerate(lam.tolist())]
+        # Points, not bars: a bar needs a baseline, and a log axis has no zero.
         bars = (
             alt.Chart(ROWS)
-            .mark_bar(aria=False)
+            .mark_point(aria=False, filled=True, size=10)
             .encode(
-                x=alt.X("pair:Q", title="pair i"),
+                x=alt.X("pair:Q", title="pair i", scale=alt.Scale(domain=[0, d // 2])),
                 y=alt.Y("period:Q", title="period (steps per turn)", scale=alt.Scale(type="log")),
                 tooltip=["pair:Q", alt.Tooltip("period:Q", format=",.2f")],
             )
@@ -1547,7 +1553,7 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         "2 pi = 6.28 steps, not every 2; the slowest once per 61,342.7 steps, not 10,000: the "
         "dashed lines are the lesson's numbers.",
         "posemb.wavelengths(768)",
-        "384 bars rising on a log scale from 6.28 to 61,343, with dashed lines at 2 and 10,000.",
+        "384 points rising on a log scale from 6.28 to 61,343, with dashed lines at 2 and 10,000.",
         "vega",
         draw,
     )
