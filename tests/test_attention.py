@@ -139,6 +139,37 @@ def test_positional_attention_matches_naive_softmax(encoding, causal):
 
 
 @pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_weights_are_what_forward_multiplies_v_by(encoding, causal):
+    torch.manual_seed(0)
+    temp = posemb.temperature.Llama4AttnTemperature(floor_scale=4, attn_scale=0.5)
+    pa = posemb.PositionalAttention(
+        encoding, num_heads=4, head_dim=8, causal=causal, query_temperature=temp
+    ).double()
+    q, k, v = _qkv(b=2, h=4, hk=2, sq=5, sk=7, d=8)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 2] = True
+    calls = [
+        {},  # the fast path: SDPA's own causal flag, no mask
+        {"positions": torch.arange(50, 55), "k_positions": torch.arange(48, 55)},
+        {"key_padding_mask": pad},
+    ]
+    for kwargs in calls:
+        if not kwargs and causal:
+            qq, kk, vv = q, k[:, :, :5], v[:, :, :5]  # the fast causal path needs q_len == k_len
+        else:
+            qq, kk, vv = q, k, v
+        w = pa.attention_weights(qq, kk, **kwargs)
+        assert w.shape == (2, 4, qq.shape[2], kk.shape[2])
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:3], dtype=F64), **TOL[F64])
+        want = pa(qq, kk, vv, **kwargs)
+        torch.testing.assert_close(w @ vv.repeat_interleave(2, 1), want, **TOL[F64])
+    if causal:  # a later key gets exactly zero weight
+        weights = pa.attention_weights(q[:, :, :5], k[:, :, :5]).detach()
+        assert float(weights[..., 0, 1:].abs().max()) == 0
+
+
+@pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
 def test_decoding_token_by_token_equals_full_forward(encoding):
     torch.manual_seed(1)
     pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()

@@ -74,7 +74,7 @@ _real_lab = claims._lab
 _table, _wavelengths, _counts, _probs = (
     claims.sinusoidal_table,
     claims.wavelengths,
-    claims._param_counts,
+    claims.param_counts,
     claims.attention_probs,
 )
 _dpa, _rotation_matrix = claims.dot_product_attention, claims.rotation_matrix
@@ -96,10 +96,10 @@ FAULTS = [
         lambda p, d, **kw: _table(p, d, **kw) * (1 + p[:, None] % 2),
     ),
     ("sinusoidal.wavelengths_768", "wavelengths", lambda d: _wavelengths(d, 10001.0)),
-    ("rope.no_learnable_parameters", "_param_counts", lambda: {**_counts(), "rope": 1}),
+    ("rope.no_learnable_parameters", "param_counts", lambda: {**_counts(), "rope": 1}),
     (
         "absolute.parameter_counts",
-        "_param_counts",
+        "param_counts",
         lambda: {**_counts(), "sinusoidal": _counts()["nope"] + 768},
     ),
     ("rope.extrapolation_is_not_native", "_lab", lambda: _fake_lab(rope_flat=True)),

@@ -59,3 +59,14 @@ def test_causal_block_ignores_later_tokens_and_the_bidirectional_one_does_not():
 def test_block_rejects_heads_that_do_not_split_the_width():
     with pytest.raises(ValueError, match="width 16 must split into 3 heads of even size"):
         Block(16, 3, "nope", causal=True)
+
+
+def test_block_attention_weights_are_what_it_attends_with():
+    torch.manual_seed(0)
+    blk = Block(16, 2, "rope", causal=True).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        w = blk.attention_weights(x)  # (batch, heads, seq, seq)
+        q, k, v = blk._qkv(x)
+        torch.testing.assert_close(w @ v, blk.attn(q, k, v))
+    assert w.shape == (2, 2, 5, 5) and float(w[0, 0, 0, 1:].abs().max()) == 0

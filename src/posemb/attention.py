@@ -253,7 +253,67 @@ class PositionalAttention(nn.Module):
         Returns:
             ``(batch, heads, q_len, v_dim)`` in q's dtype.
         """
-        for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.float_tensor("v", v)
+        if v.dim() != 4:
+            raise ValueError(f"v must have shape (batch, heads, seq, dim), got {tuple(v.shape)}")
+        q, k, attn, is_causal = self._prepare(q, k, positions, k_positions, key_padding_mask)
+        if v.shape[:3] != k.shape[:3]:
+            raise ValueError(
+                f"k and v must be (batch={q.shape[0]}, kv_heads dividing {q.shape[1]}, k_len, "
+                f"...), got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
+        gqa = q.shape[1] != k.shape[1]
+        if attn is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
+
+    def attention_weights(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The attention probabilities that :meth:`forward` multiplies v by.
+
+        The same rotation, query temperature, bias and mask as :meth:`forward` (both go through
+        one preparation step), written out as :func:`attention_probs`, so
+        ``forward(q, k, v, ...) == attention_weights(q, k, ...) @ v`` up to rounding (v's
+        heads repeated for grouped-query attention).
+
+        Args:
+            q, k, positions, k_positions, key_padding_mask: as in :meth:`forward`.
+
+        Returns:
+            ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); each row
+            sums to 1 over the keys it may see.
+        """
+        q, k, attn, is_causal = self._prepare(q, k, positions, k_positions, key_padding_mask)
+        bias = attn
+        if attn is not None and attn.dtype == torch.bool:
+            # SDPA reads a bool mask as "may attend"; as a logits bias that is 0 or -inf.
+            bias = torch.zeros(attn.shape, dtype=_checks.compute_dtype(q), device=q.device)
+            bias = bias.masked_fill(~attn, float("-inf"))
+        return attention_probs(q, k, causal=is_causal, bias=bias)
+
+    def _prepare(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+        """Check shapes; rotate and temper q and k; build the bias or mask of this call.
+
+        Returns ``(q, k, attn, is_causal)``: q and k as attention sees them, ``attn`` None,
+        a bool mask (True where a key may be seen) or a float bias broadcastable to
+        ``(batch, heads, q_len, k_len)``, and whether the plain causal mask applies on top
+        (only when ``attn`` is None).
+        """
+        for name, t in (("q", q), ("k", k)):
             _checks.float_tensor(name, t)
             if t.dim() != 4:
                 raise ValueError(
@@ -265,10 +325,10 @@ class PositionalAttention(nn.Module):
                 f"q and k must have {self.num_heads} / any heads and head_dim {self.head_dim}, "
                 f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        if k.shape[0] != b or v.shape[:3] != k.shape[:3] or hq % k.shape[1]:
+        if k.shape[0] != b or hq % k.shape[1]:
             raise ValueError(
-                f"k and v must be (batch={b}, kv_heads dividing {hq}, k_len, ...), got k "
-                f"{tuple(k.shape)} and v {tuple(v.shape)}"
+                f"k must be (batch={b}, kv_heads dividing {hq}, k_len, head_dim), got k "
+                f"{tuple(k.shape)}"
             )
         k_len = k.shape[2]
         default_positions = positions is None and k_positions is None
@@ -312,14 +372,12 @@ class PositionalAttention(nn.Module):
                 )
             keep = ~pad[:, None, None, :]
             mask = keep if mask is None else mask & keep
-        # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
-        gqa = hq != k.shape[1]
         if bias is None and mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
+            return q, k, None, self.causal
         attn = mask if bias is None else bias
         if bias is not None and mask is not None:
             attn = torch.where(mask, bias, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
+        return q, k, attn, False
 
     def extra_repr(self) -> str:
         text = f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"

@@ -20,10 +20,12 @@ memorised pairs rather than learning the rule; T5 still generalised there (1.000
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +132,19 @@ class Encoder(nn.Module):
             x = blk(x)
         return self.head(self.norm(x[:, 0]))
 
+    def attention_weights(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Attention probabilities of every layer for tokens ``(batch, seq)``:
+        ``(layers, batch, heads, seq, seq)``, as :meth:`forward` uses them."""
+        x = self.embed(tokens)
+        if self.input_pos is not None:
+            x = self.input_pos(x)
+        weights = []
+        for blk in self.blocks:
+            assert isinstance(blk, Block)
+            weights.append(blk.attention_weights(x))
+            x = blk(x)
+        return torch.stack(weights)
+
 
 def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
@@ -138,27 +153,40 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((pred == y).float().mean())
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run on one thread: on matrices this small a second one costs more in synchronisation
+    than it saves (4-10x slower on a loaded 2-core machine), and the sums no longer depend on
+    the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def train_and_score(
     encoding: str, seed: int = 0, entities: int = len(ENTITIES), steps: int = STEPS, lr: float = LR
 ) -> tuple[float, float]:
     """Train one encoder on :func:`make_data` ``(seed, entities)``; return its (train, held-out)
     accuracy."""
     data = make_data(seed, entities)
-    threads = torch.get_num_threads()
-    # One thread: on matrices this small a second one costs more in synchronisation than it
-    # saves (4-10x slower on a loaded 2-core machine), and the sums no longer depend on the
-    # machine's core count.
-    torch.set_num_threads(1)
-    try:
-        return _train_and_score(encoding, seed, data, steps, lr)
-    finally:
-        torch.set_num_threads(threads)
+    model = trained_encoder(encoding, seed, entities, steps, lr)
+    with _one_thread():
+        return (
+            _accuracy(model, data.train_x, data.train_y),
+            _accuracy(model, data.test_x, data.test_y),
+        )
 
 
-def _train_and_score(
-    encoding: str, seed: int, data: Data, steps: int, lr: float
-) -> tuple[float, float]:
-    with torch.random.fork_rng():
+def trained_encoder(
+    encoding: str, seed: int = 0, entities: int = len(ENTITIES), steps: int = STEPS, lr: float = LR
+) -> Encoder:
+    """The encoder :func:`train_and_score` trains on :func:`make_data` ``(seed, entities)``, in
+    eval mode: seeded and single-threaded, so the same weights every time."""
+    data = make_data(seed, entities)
+    with _one_thread(), torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Encoder(encoding)
         # Full batch, constant rate, no clipping, no weight decay (Adam).
@@ -170,7 +198,7 @@ def _train_and_score(
             lambda _: lr,
             clip=None,
         )
-    return _accuracy(model, data.train_x, data.train_y), _accuracy(model, data.test_x, data.test_y)
+    return model.eval()
 
 
 def train_and_test(encoding: str, seed: int = 0, steps: int = STEPS, lr: float = LR) -> float:

@@ -83,10 +83,23 @@ class Block(nn.Module):
             nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
         )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, w = x.shape
         qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, w // self.heads)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, s, d) each
+        return q, k, v
+
+    def attention_weights(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The attention probabilities of this block on ``x`` ``(b, s, width)``:
+        ``(b, heads, s, s)``, as :meth:`forward` uses them."""
+        q, k, _ = self._qkv(x)
+        return self.attn.attention_weights(q, k, positions=positions, k_positions=positions)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self._qkv(x)
         a = self.attn(q, k, v, positions=positions, k_positions=positions)
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
         return x + self.mlp(self.norm2(x))

@@ -174,14 +174,21 @@ def _softmax_commutes() -> Result:
     return Result(err < EXACT, f"max |softmax(PAP^T) - P softmax(A) P^T| = {err:.1e}", err)
 
 
-def _dog_bites_man() -> dict[str, float]:
-    """Largest per-word output change between the two sentences, for each encoding."""
+DOG_BITES_MAN = ("dog", "bites", "man")
+
+
+def dog_bites_man_outputs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """One-head self-attention outputs ``(3, 16)`` for 'dog bites man' and 'man bites dog'
+    (rows in sentence order), per encoding: ``{"none", "sinusoidal", "rope"}`` -> (a, b).
+
+    Random embeddings and projections (seed 2), float64; the page draws these same outputs.
+    """
     g = _gen(2)
     d = 16
-    emb = dict(zip(("dog", "bites", "man"), torch.randn(3, d, generator=g, dtype=F64), strict=True))
+    emb = dict(zip(DOG_BITES_MAN, torch.randn(3, d, generator=g, dtype=F64), strict=True))
     w = torch.randn(3, d, d, generator=g, dtype=F64) / math.sqrt(d)
-    xa = torch.stack([emb[t] for t in ("dog", "bites", "man")])
-    xb = torch.stack([emb[t] for t in ("man", "bites", "dog")])
+    xa = torch.stack([emb[t] for t in DOG_BITES_MAN])
+    xb = torch.stack([emb[t] for t in reversed(DOG_BITES_MAN)])
     rope = RotaryEmbedding(d)
 
     def rope_attn(x: torch.Tensor) -> torch.Tensor:
@@ -190,13 +197,22 @@ def _dog_bites_man() -> dict[str, float]:
         return dot_product_attention(qr, kr, v[None, None])[0, 0]
 
     pe = sinusoidal_table(3, d, dtype=F64)
-    outs = {
+    return {
         "none": (_self_attention(xa, w), _self_attention(xb, w)),
         "sinusoidal": (_self_attention(xa + pe, w), _self_attention(xb + pe, w)),
         "rope": (rope_attn(xa), rope_attn(xb)),
     }
-    # Compare each word with itself across the sentences: sentence b lists the words reversed.
-    return {name: float((oa - ob.flip(0)).abs().max()) for name, (oa, ob) in outs.items()}
+
+
+def word_change(out_a: torch.Tensor, out_b: torch.Tensor) -> float:
+    """Largest change of one word's output between the two sentences: sentence b lists the
+    words reversed, so row i of a is compared with row 2 - i of b."""
+    return float((out_a - out_b.flip(0)).abs().max())
+
+
+def _dog_bites_man() -> dict[str, float]:
+    """Largest per-word output change between the two sentences, for each encoding."""
+    return {name: word_change(*pair) for name, pair in dog_bites_man_outputs().items()}
 
 
 @claim(
@@ -312,6 +328,21 @@ def _dog_bites_man_small_task() -> Result:
     )
 
 
+SAME_TOKEN_AT = (598, 500, 0)
+"""Where :func:`causal_same_token_qk` repeats the last (600th) token: 1, 99, 599 steps back."""
+
+
+def causal_same_token_qk() -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys ``(600, 16)`` of 600 random tokens in which the last token's own
+    token also sits 1, 99 and 599 steps back (positions 598, 500, 0); seed 3, float64."""
+    g = _gen(3)
+    d, t = 16, 600
+    x = torch.randn(t, d, generator=g, dtype=F64)
+    x[list(SAME_TOKEN_AT)] = x[t - 1].clone()
+    wq, wk = torch.randn(2, d, d, generator=g, dtype=F64)
+    return x @ wq, x @ wk
+
+
 @claim(
     "attention.causal_same_key_same_weight",
     1,
@@ -319,20 +350,24 @@ def _dog_bites_man_small_task() -> Result:
     "weight: the mask hides the future but does not tell near from far.",
 )
 def _causal_logit_blind_to_distance() -> Result:
-    g = _gen(3)
-    d, t = 16, 600
-    x = torch.randn(t, d, generator=g, dtype=F64)
-    # The query's own token also sits 1, 99 and 599 steps back.
-    x[[0, 500, 598]] = x[599].clone()
-    wq, wk = torch.randn(2, d, d, generator=g, dtype=F64)
-    probs = attention_probs((x @ wq)[None, None], (x @ wk)[None, None], causal=True)[0, 0, 599]
-    w = probs[[598, 500, 0]]
+    q, k = causal_same_token_qk()
+    probs = attention_probs(q[None, None], k[None, None], causal=True)[0, 0, -1]
+    w = probs[list(SAME_TOKEN_AT)]
     spread = float((w - w[0]).abs().max() / w[0])
     return Result(
         spread < EXACT,
         f"causal attention weight on one token 1, 99, 599 steps back: relative spread {spread:.1e}",
         spread,
     )
+
+
+def counting_signal(t: int) -> torch.Tensor:
+    """Output ``(t,)`` of a causal NoPE layer with equal logits everywhere that attends to a
+    value present at token 0 only: 1/(i+1) at position i (float64)."""
+    q = torch.zeros(1, 1, t, 4, dtype=F64)
+    v = torch.zeros(1, 1, t, 1, dtype=F64)
+    v[..., 0, 0] = 1.0
+    return dot_product_attention(q, q, v, causal=True)[0, 0, :, 0]
 
 
 @claim(
@@ -345,10 +380,7 @@ def _causal_logit_blind_to_distance() -> Result:
 )
 def _causal_mask_leaks_position() -> Result:
     t = 6
-    q = torch.zeros(1, 1, t, 4, dtype=F64)
-    v = torch.zeros(1, 1, t, 1, dtype=F64)
-    v[..., 0, 0] = 1.0
-    out = dot_product_attention(q, q, v, causal=True)[0, 0, :, 0]
+    out = counting_signal(t)
     expected = 1.0 / torch.arange(1, t + 1, dtype=F64)
     err = float((out - expected).abs().max())
     shown = ", ".join(f"{float(o):.3f}" for o in out)
@@ -386,17 +418,24 @@ def _sinusoidal_shift_is_linear() -> Result:
     )
 
 
+def random_cosines(dim: int, n: int, seed: int = 4) -> torch.Tensor:
+    """Cosine similarities ``(n,)`` of ``n`` pairs of standard normal vectors in R^dim
+    (float64, seeded)."""
+    g = _gen(seed)
+    u = torch.randn(n, dim, generator=g, dtype=F64)
+    v = torch.randn(n, dim, generator=g, dtype=F64)
+    return torch.nn.functional.cosine_similarity(u, v, dim=-1)
+
+
 @claim(
     "absolute.random_vectors_near_orthogonal",
     2,
     "Random vectors in R^768 have cosine similarity with std about 1/sqrt(768).",
 )
 def _random_cosine() -> Result:
-    g = _gen(4)
     # 5000 pairs estimate the std to ~1% (its standard error is about std / sqrt(2n)).
-    d, n = 768, 5000
-    u, v = torch.randn(n, d, generator=g, dtype=F64), torch.randn(n, d, generator=g, dtype=F64)
-    cos = torch.nn.functional.cosine_similarity(u, v, dim=-1)
+    d = 768
+    cos = random_cosines(d, 5000)
     std, expect = float(cos.std()), 1 / math.sqrt(d)
     return Result(
         abs(std / expect - 1) < 0.05,
@@ -405,19 +444,31 @@ def _random_cosine() -> Result:
     )
 
 
-@claim(
-    "absolute.four_term_decomposition",
-    2,
-    "With additive positions, QK^T splits into token-token, token-pos, pos-token, pos-pos terms.",
-)
-def _four_terms() -> Result:
+FOUR_TERMS = ("token-token", "token-pos", "pos-token", "pos-pos")
+
+
+def four_terms() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """QK^T ``(10, 10)`` of random tokens X plus random positions P (d = 32, d_k = 8, seed 5),
+    and its four terms X A X^T, X A P^T, P A X^T, P A P^T with A = W_Q W_K^T, by
+    :data:`FOUR_TERMS` name."""
     g = _gen(5)
     t, d, dk = 10, 32, 8
     x, p = torch.randn(t, d, generator=g, dtype=F64), torch.randn(t, d, generator=g, dtype=F64)
     wq, wk = torch.randn(d, dk, generator=g, dtype=F64), torch.randn(d, dk, generator=g, dtype=F64)
     lhs = ((x + p) @ wq) @ ((x + p) @ wk).T
     a = wq @ wk.T
-    rhs = x @ a @ x.T + x @ a @ p.T + p @ a @ x.T + p @ a @ p.T
+    terms = (x @ a @ x.T, x @ a @ p.T, p @ a @ x.T, p @ a @ p.T)
+    return lhs, dict(zip(FOUR_TERMS, terms, strict=True))
+
+
+@claim(
+    "absolute.four_term_decomposition",
+    2,
+    "With additive positions, QK^T splits into token-token, token-pos, pos-token, pos-pos terms.",
+)
+def _four_terms() -> Result:
+    lhs, terms = four_terms()
+    rhs = sum(terms.values(), torch.zeros_like(lhs))
     err = float((lhs - rhs).abs().max() / lhs.abs().max())
     return Result(err < EXACT, f"relative |QK^T - sum of 4 terms| = {err:.1e}", err)
 
@@ -480,7 +531,7 @@ def _lab_conditions(summary: dict) -> str:
     )
 
 
-def _param_counts() -> dict[str, int]:
+def param_counts() -> dict[str, int]:
     """Parameters of the lab's LM (width 128, 4 layers, 1024 positions) per encoding."""
     from ..lab.model import ModelConfig, TinyLM
 
@@ -491,9 +542,9 @@ def _param_counts() -> dict[str, int]:
     return counts
 
 
-def _learned_row_gradients(window: int = 16) -> tuple[float, float]:
-    """One training step of the lab's LM with a 64-row learned table on ``window``-token
-    windows: (smallest gradient norm of rows < window, largest of rows >= window)."""
+def learned_row_gradient_norms(window: int = 16) -> torch.Tensor:
+    """Gradient norm ``(64,)`` of each row of a 64-row learned table after one training step of
+    the lab's LM on ``window``-token windows (seeded)."""
     from ..absolute import LearnedEmbedding
     from ..lab.model import ModelConfig, TinyLM
 
@@ -507,7 +558,12 @@ def _learned_row_gradients(window: int = 16) -> tuple[float, float]:
     logits = model(tokens[:, :-1])
     torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:]).backward()
     assert table.weight.grad is not None
-    norms = table.weight.grad.norm(dim=-1)
+    return table.weight.grad.norm(dim=-1)
+
+
+def _learned_row_gradients(window: int = 16) -> tuple[float, float]:
+    """(smallest gradient norm of rows < window, largest of rows >= window) after one step."""
+    norms = learned_row_gradient_norms(window)
     return float(norms[:window].min()), float(norms[window:].max())
 
 
@@ -582,7 +638,7 @@ def _rope_extrapolation() -> Result:
     "positions (and so does xPos); T5 and FIRE biases add a few.",
 )
 def _rope_no_parameters() -> Result:
-    n = _param_counts()
+    n = param_counts()
     extra = {k: v - n["nope"] for k, v in n.items() if k != "nope"}
     return Result(
         extra["rope"] == 0 and extra["xpos"] == 0 and extra["t5"] > 0 and extra["fire"] > 0,
@@ -971,7 +1027,7 @@ def _rope_no_decay() -> Result:
     "sinusoidal table adds none.",
 )
 def _absolute_parameters() -> Result:
-    n = _param_counts()
+    n = param_counts()
     learned, sinusoidal = n["learned"] - n["nope"], n["sinusoidal"] - n["nope"]
     return Result(
         learned == 1024 * 128 and sinusoidal == 0,
@@ -1023,4 +1079,22 @@ def run_all(only: Sequence[str] | None = None) -> list[dict[str, object]]:
     return [c.run() for c in CLAIMS if only is None or c.id in only]
 
 
-__all__ = ["CLAIMS", "SCREENS", "Claim", "Result", "claim", "run_all"]
+__all__ = [
+    "CLAIMS",
+    "DOG_BITES_MAN",
+    "FOUR_TERMS",
+    "SAME_TOKEN_AT",
+    "SCREENS",
+    "Claim",
+    "Result",
+    "causal_same_token_qk",
+    "claim",
+    "counting_signal",
+    "dog_bites_man_outputs",
+    "four_terms",
+    "learned_row_gradient_norms",
+    "param_counts",
+    "random_cosines",
+    "run_all",
+    "word_change",
+]
