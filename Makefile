@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10 and make:
-#   make demo   creates .venv, installs posemb, builds its CPU kernel, runs posemb verify
+#   make demo   creates .venv, installs posemb, builds its CPU kernel, runs posemb verify once
+#               and builds the lesson page from its results (posemb-lesson/index.html)
 #   make test   creates .venv, installs posemb with the dev extra, runs lint and the tests
 # Versions come from constraints.txt so that every machine tests the same set.
 
@@ -14,7 +15,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e .
+	$(PIP) -e '.[lesson]'
 	$(BIN)/posemb kernels --build
 	@touch $@
 
@@ -24,7 +25,8 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	@touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo
-	$(BIN)/posemb verify
+	$(BIN)/posemb verify --save $(VENV)/claims.json
+	$(BIN)/posemb lesson --claims $(VENV)/claims.json
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -22,3 +22,24 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:  # pragma: no cover
     pass
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def claim_rows():
+    """Every claim run once per session (about a minute): the CLI and lesson tests share it."""
+    from posemb.lesson import claims
+
+    return claims.run_all()
+
+
+@pytest.fixture(scope="session")
+def lesson_build(tmp_path_factory, claim_rows):
+    """The lesson page built once per session from the shared claim rows."""
+    pytest.importorskip("jinja2")
+    pytest.importorskip("vl_convert")
+    from posemb.lesson import page
+
+    return page.build_lesson(tmp_path_factory.mktemp("lesson") / "posemb-lesson", claim_rows)

@@ -13,8 +13,8 @@ from posemb.lesson import claims
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return claims.run_all()
+def rows(claim_rows):
+    return claim_rows
 
 
 def test_every_claim_holds_as_measured(rows):

@@ -25,6 +25,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600); the result should have the permissions a
+        # plain open() would give it, as the page and checkpoints are meant to be shared.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -55,11 +56,34 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"{c.screen}  {c.id}")
         return 0
     rows = run_all(args.only)
+    if args.save:
+        from ._io import atomic_write
+
+        text = json.dumps(rows, indent=2)
+        atomic_write(args.save, lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(format_table(rows))
     return 0 if all(r["passed"] for r in rows) else 1
+
+
+def _cmd_lesson(args: argparse.Namespace) -> int:
+    from .lesson import page
+
+    rows = page.load_claims(args.claims) if args.claims else None
+    built = page.build_lesson(args.out, rows)
+    print(
+        f"wrote {built.index} ({built.bytes / 1e6:.1f} MB, {built.seconds:.1f} s); open it in a "
+        f"browser: {built.index.resolve().as_uri()}"
+    )
+    if built.failed:
+        print(f"{len(built.failed)} claim(s) failed: {', '.join(built.failed)}", file=sys.stderr)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(built.index.resolve().as_uri())
+    return 1 if built.failed else 0
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -223,7 +247,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--only", nargs="+", metavar="ID", help="run only these claims (ids from --list)"
     )
     verify.add_argument("--list", action="store_true", help="list the claim ids by screen")
+    verify.add_argument(
+        "--save",
+        metavar="FILE",
+        help="also write the JSON rows to FILE (atomically), for posemb lesson --claims",
+    )
     verify.set_defaults(func=_cmd_verify)
+
+    lesson = sub.add_parser(
+        "lesson",
+        help="build the lesson as an offline, interactive page with every claim checked",
+        description="Write a self-contained folder (index.html, parchment.png/.svg, "
+        "claims.json, manifest.json) that opens from file:// with no network. Exit status 1 "
+        "if a claim fails (the page is still written, marking it), 2 on bad input.",
+    )
+    lesson.add_argument(
+        "--out", default="posemb-lesson", help="folder to write (default ./posemb-lesson)"
+    )
+    lesson.add_argument(
+        "--claims",
+        metavar="FILE",
+        help="reuse a posemb verify --save file instead of running the claims again",
+    )
+    lesson.add_argument("--open", action="store_true", help="open the page in a browser")
+    lesson.set_defaults(func=_cmd_lesson)
 
     from .hf import K_PATTERN, Q_PATTERN
 

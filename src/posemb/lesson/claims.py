@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._version import __version__
 from ..absolute import sinusoidal_table
 from ..attention import attention_probs, dot_product_attention, permutation_matrix
 from ..freqs import cos_sin, inv_freq, wavelengths
@@ -96,6 +97,7 @@ class Claim:
             "screen_title": SCREENS[self.screen],
             "verdict": self.verdict,
             "lesson_says": self.lesson_says,
+            "posemb": __version__,
         }
 
 

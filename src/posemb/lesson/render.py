@@ -1,0 +1,190 @@
+"""The page's HTML (Jinja2, autoescaped) and its manifest, from screens, claim rows and figures.
+
+Kept apart from :mod:`posemb.lesson.page`, which does the files, so that a test can render a
+page from rows it changed and see the change (nothing on the page is typed by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from .._version import __version__
+from .screens import Screen
+
+_SCRIPT_END = re.compile(r"</(script)", re.IGNORECASE)
+
+
+def _inline(js: str) -> str:
+    """Text that is safe inside a <script> element: no early end tag."""
+    return _SCRIPT_END.sub(r"<\\/\1", js)
+
+
+def _json_inline(obj: object) -> str:
+    # "</" cannot appear inside a script element; JSON allows the escaped solidus.
+    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
+
+
+def _static(name: str) -> str:
+    return (resources.files("posemb.lesson") / "static" / name).read_text(encoding="utf-8")
+
+
+def _state_key(values: Sequence[str]) -> str:
+    return "|".join(values)
+
+
+def default_key(fig: Any) -> str:
+    """The state key of a figure's first state."""
+    return _state_key([c.values[c.default] for c in fig.controls])
+
+
+def _by_screen(items: Sequence[Any], screen: Any) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {n: [] for n in range(1, 10)}
+    for it in items:
+        out[int(screen(it))].append(it)
+    return out
+
+
+def _figure_data(figs: Sequence[Any]) -> dict[str, object]:
+    return {
+        f.id: {
+            "kind": f.kind,
+            "controls": [
+                {"id": c.id, "kind": c.kind, "values": list(c.values), "default": c.default}
+                for c in f.controls
+            ],
+            "states": f.states,
+            "readouts": f.readouts,
+        }
+        for f in figs
+    }
+
+
+def render_page(
+    screens: Sequence[Screen],
+    rows: Sequence[dict[str, object]],
+    figs: Sequence[Any],
+    parchment_png: str,
+    parchment_svg: str,
+) -> str:
+    """The whole ``index.html`` as a string.
+
+    Args:
+        screens: the nine :class:`~posemb.lesson.screens.Screen` texts.
+        rows: claim rows (what ``posemb verify --save`` writes).
+        figs: :class:`posemb.lesson.figures.Figure` objects.
+        parchment_png: file name of the parchment PNG beside ``index.html``.
+        parchment_svg: same, SVG.
+    """
+    import jinja2
+
+    from . import assets
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("posemb.lesson", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    first_view = {
+        f.id: (f.states[default_key(f)] if f.kind == "svg" else f.static_svg[default_key(f)])
+        for f in figs
+    }
+    wrong = [r for r in rows if r["verdict"] not in ("holds", "n/a")]
+    failed = [str(r["id"]) for r in rows if not r["passed"]]
+    return env.get_template("index.html.j2").render(
+        version=__version__,
+        screens=screens,
+        claims_by_screen=_by_screen(rows, lambda r: r["screen"]),
+        wrong_by_screen=_by_screen(wrong, lambda r: r["screen"]),
+        figs_by_screen=_by_screen(figs, lambda f: f.screen),
+        first_view=first_view,
+        default_key={f.id: default_key(f) for f in figs},
+        passed=sum(1 for r in rows if r["passed"]),
+        total=len(rows),
+        failed=failed,
+        corrections=len(wrong),
+        parchment_png=parchment_png,
+        parchment_svg=parchment_svg,
+        parchment_alt=(
+            "A square cream parchment titled 'Positional Embeddings: Injecting Sequence Order': "
+            "on the left, sinusoidal waves of several frequencies with their formula; on the "
+            "right, the rows of a trained learned position table as a coloured strip; at the "
+            "bottom, the formula adding token and position embeddings."
+        ),
+        licences=assets.licences(),
+        figures_json=_json_inline(_figure_data(figs)),
+        katex_css=assets.katex_css(),
+        katex_js=_inline(assets.katex_js()),
+        vega_js=_inline(assets.vega_js()),
+        page_css=_static("page.css"),
+        page_js=_inline(_static("page.js")),
+    )
+
+
+def manifest(
+    screens: Sequence[Screen],
+    rows: Sequence[dict[str, object]],
+    figs: Sequence[Any],
+    files: Sequence[str],
+) -> dict[str, object]:
+    """What the page holds, for tests and tools: every figure, its data call, every control and
+    the readout it must show in each state, and the claims per screen."""
+    return {
+        "posemb": __version__,
+        "files": ["index.html", "claims.json", "manifest.json", *files],
+        "screens": [
+            {
+                "number": s.number,
+                "title": s.title,
+                "anchor": f"screen-{s.number}",
+                "claims": [r["id"] for r in rows if r["screen"] == s.number],
+                "figures": [f.id for f in figs if f.screen == s.number],
+            }
+            for s in screens
+        ],
+        "figures": [
+            {
+                "id": f.id,
+                "screen": f.screen,
+                "title": f.title,
+                "call": f.call,
+                "kind": f.kind,
+                "alt": f.alt,
+                "caption": f.caption,
+                "controls": [
+                    {
+                        "id": c.id,
+                        "label": c.label,
+                        "kind": c.kind,
+                        "values": list(c.values),
+                        "default": c.default,
+                    }
+                    for c in f.controls
+                ],
+                "default_state": default_key(f),
+                "readouts": f.readouts,
+            }
+            for f in figs
+        ]
+        + [
+            {
+                "id": "fig-parchment",
+                "screen": 9,
+                "title": "The parchment",
+                "call": "posemb.lesson.parchment.draw_parchment(folder)",
+                "kind": "img",
+                "alt": "the parchment figure",
+                "caption": "",
+                "controls": [],
+                "default_state": "",
+                "readouts": {},
+            }
+        ],
+    }
+
+
+__all__ = ["default_key", "manifest", "render_page"]

@@ -1,0 +1,165 @@
+"""The lesson page in a real browser: Debian's Chromium driven by Playwright, from file://.
+
+Checks what a learner meets: no console or page errors, no request leaves file:/data:, every
+figure is drawn at a useful size, every control moved by the keyboard changes its figure and
+shows the readout posemb computed for that state (from manifest.json), every control is reached
+by Tab with a visible focus ring, and axe-core (the copy bundled by the axe-playwright-python
+package) finds nothing serious or critical in light and dark mode. A screenshot of each screen is
+kept under test-artifacts/lesson/. Under CI=true a missing browser fails the test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts" / "lesson"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browser_or_skip() -> str:
+    missing = []
+    if CHROMIUM is None:
+        missing.append("Debian's chromium (apt-get install chromium)")
+    for mod in ("playwright", "axe_playwright_python"):
+        if importlib.util.find_spec(mod) is None:
+            missing.append(f"the {mod} package")
+    if missing:
+        message = "no browser test without " + " and ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (.ci/run installs them)")
+        pytest.skip(message)
+    assert CHROMIUM is not None
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start.
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _open(browser, index: pathlib.Path, scheme: str):
+    context = browser.new_context(color_scheme=scheme, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(index.as_uri())
+    page.wait_for_load_state("load")
+    page.wait_for_timeout(500)  # vega views render asynchronously
+    return context, page, errors, requests
+
+
+def _axe(page) -> list[dict]:
+    import axe_playwright_python
+
+    axe_js = pathlib.Path(axe_playwright_python.__file__).parent / "axe.min.js"
+    page.add_script_tag(path=str(axe_js))
+    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    return [v for v in result["violations"] if v["impact"] in ("serious", "critical")]
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_page_loads_offline_and_clean(browser, lesson_build, scheme):
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    context, page, errors, requests = _open(browser, lesson_build.index, scheme)
+    try:
+        assert not errors, errors
+        assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), requests
+        for fig in manifest["figures"]:
+            target = "img" if fig["kind"] == "img" else f"#{fig['id']}-view"
+            el = page.locator(f"#{fig['id']} {target}" if fig["kind"] == "img" else target)
+            box = el.first.bounding_box()
+            assert box and box["width"] > 150 and box["height"] > 60, (fig["id"], box)
+        # KaTeX rendered the maths.
+        assert page.locator(".math .katex").count() == page.locator(".math").count() > 0
+        serious = _axe(page)
+        assert not serious, [(v["id"], v["help"], len(v["nodes"])) for v in serious]
+        if scheme == "light":
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            for s in manifest["screens"]:
+                page.locator(f"#{s['anchor']}").screenshot(
+                    path=str(ARTIFACTS / f"{s['anchor']}.png")
+                )
+    finally:
+        context.close()
+
+
+def _press(page, control: dict) -> int:
+    """Move a control one step by keyboard; return the new index."""
+    n = len(control["values"])
+    if control["kind"] == "slider":
+        page.focus(f"#{control['id']}")
+        key = "ArrowRight" if control["default"] < n - 1 else "ArrowLeft"
+    else:
+        page.focus(f"input[name='{control['id']}']:checked")
+        key = "ArrowRight" if control["default"] < n - 1 else "ArrowLeft"
+    page.keyboard.press(key)
+    return control["default"] + (1 if key == "ArrowRight" else -1)
+
+
+def test_every_control_changes_its_figure_and_readout(browser, lesson_build):
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    context, page, errors, _ = _open(browser, lesson_build.index, "light")
+    try:
+        for fig in manifest["figures"]:
+            for i, control in enumerate(fig["controls"]):
+                view = page.locator(f"#{fig['id']}-view")
+                before = view.inner_html()
+                index = _press(page, control)
+                values = [c["values"][c["default"]] for c in fig["controls"]]
+                values[i] = control["values"][index]
+                key = "|".join(values)
+                page.wait_for_timeout(150)
+                readout = page.locator(f"#{fig['id']}-readout").inner_text()
+                assert readout == fig["readouts"][key], (fig["id"], control["id"], key)
+                assert view.get_attribute("data-state") == key
+                assert view.inner_html() != before, (fig["id"], control["id"])
+                # Back to the default state before the next control.
+                page.keyboard.press("ArrowLeft" if index > control["default"] else "ArrowRight")
+                page.wait_for_timeout(100)
+                assert view.get_attribute("data-state") == "|".join(
+                    c["values"][c["default"]] for c in fig["controls"]
+                )
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def test_every_control_is_reached_by_tab_with_a_visible_focus(browser, lesson_build):
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    want = {c["id"] for f in manifest["figures"] for c in f["controls"]}
+    context, page, _, _ = _open(browser, lesson_build.index, "light")
+    try:
+        seen: set[str] = set()
+        for _ in range(400 + 4 * len(want)):
+            page.keyboard.press("Tab")
+            info = page.evaluate(
+                """() => { const el = document.activeElement;
+                  const s = getComputedStyle(el);
+                  return {id: el.id, name: el.name || '', outline: s.outlineStyle,
+                          width: parseFloat(s.outlineWidth) || 0}; }"""
+            )
+            ident = info["id"] if info["id"] in want else info["name"]
+            if ident in want:
+                assert info["outline"] != "none" and info["width"] >= 2, (ident, info)
+                seen.add(ident)
+            if seen == want:
+                break
+        assert seen == want, sorted(want - seen)
+    finally:
+        context.close()
