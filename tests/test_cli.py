@@ -50,7 +50,7 @@ def _wrong_rope(x, cos, sin, layout="half"):
     return apply_rope(x, cos * cos - sin * sin, 2 * sin * cos, layout)
 
 
-def _fake_lab(rope_flat=False, sinusoidal_flat=False):
+def _fake_lab(rope_flat=False, sinusoidal_flat=False, yarn_flat=False):
     """A lab summary in the shipped form, with chosen curves."""
     real = _real_lab()
 
@@ -66,16 +66,20 @@ def _fake_lab(rope_flat=False, sinusoidal_flat=False):
         fake["results"]["rope"] = cells(1.6, 1.6)
     if sinusoidal_flat:
         fake["results"]["sinusoidal"] = cells(1.7, 1.7)
+    if yarn_flat:  # scaling that restores the within-length loss everywhere
+        within = real["results"]["rope"][str(real["config"]["train_len"])]["all"]["mean"]
+        fake["results"]["rope+yarn"] = cells(within, within)
     return fake
 
 
 # The real functions, captured before any test patches them.
 _real_lab = claims._lab
-_table, _wavelengths, _counts, _probs = (
+_table, _wavelengths, _counts, _probs, _inv_freq = (
     claims.sinusoidal_table,
     claims.wavelengths,
     claims.param_counts,
     claims.attention_probs,
+    claims.inv_freq,
 )
 _dpa, _rotation_matrix = claims.dot_product_attention, claims.rotation_matrix
 
@@ -103,6 +107,14 @@ FAULTS = [
         lambda: {**_counts(), "sinusoidal": _counts()["nope"] + 768},
     ),
     ("rope.extrapolation_is_not_native", "_lab", lambda: _fake_lab(rope_flat=True)),
+    ("rope.norm_kept_but_not_seamless", "_lab", lambda: _fake_lab(rope_flat=True)),
+    ("rope.scaling_alone_is_partial", "_lab", lambda: _fake_lab(yarn_flat=True)),
+    # Frequencies over the model width instead of the head: 384 pairs again.
+    (
+        "rope.pairs_per_head",
+        "inv_freq",
+        lambda dim, base=10000.0, **kw: _inv_freq(768, base, **kw),
+    ),
     ("sinusoidal.extrapolation_is_not_enabled", "_lab", lambda: _fake_lab(sinusoidal_flat=True)),
     # A "RoPE" whose output shrinks with position: logits now do decay.
     ("rope.no_decay_for_random_vectors", "RotaryEmbedding", lambda d: _DecayingRope(d)),

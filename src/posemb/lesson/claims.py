@@ -634,6 +634,86 @@ def _rope_extrapolation() -> Result:
 
 
 @claim(
+    "rope.norm_kept_but_not_seamless",
+    4,
+    "Rotation keeps every query and key length exactly (to float64 rounding), but that does not "
+    "make length extrapolation seamless: the lab's RoPE model loses more past its training "
+    "length than within it at every evaluated length.",
+    verdict="overstated",
+    lesson_says="RoPE is multiplicative and orthogonal (Rx), preserving vector magnitude and "
+    "enabling seamless length extrapolation",
+)
+def _rope_norm_not_seamless() -> Result:
+    x = torch.randn(4, 3, 257, 128, dtype=F64, generator=_gen(11))
+    rot = apply_rope(x, *cos_sin(torch.arange(257) * 97, inv_freq(128, dtype=F64), dtype=F64))
+    norm_err = float((rot.norm(dim=-1) - x.norm(dim=-1)).abs().max())
+    lab = _lab()
+    rises, past, within = _past_vs_within(lab, "rope")
+    return Result(
+        norm_err < 1e-12 and all(rises),
+        f"max | ||R_m x|| - ||x|| | = {norm_err:.1e} over 257 positions up to 24,832; lab RoPE "
+        f"loss within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char "
+        f"({_lab_conditions(lab)})",
+        {"norm_error": norm_err, "rope_past": past, "rope_within": within},
+    )
+
+
+@claim(
+    "rope.pairs_per_head",
+    5,
+    "RoPE turns head_dim / 2 pairs in each attention head, not d_model / 2: 32 pairs for a "
+    "768-wide model with 12 heads, 64 for Llama 3.1 8B (hidden 4096, 32 heads); the 384 pairs "
+    "of d = 768 belong to the sinusoidal table, which spans the whole model width.",
+    verdict="wrong",
+    lesson_says="Imagine a grand clock tower with 384 pairs of clock hands.",
+)
+def _rope_pairs_per_head() -> Result:
+    from ..hf import rope_spec
+
+    base_768 = RotaryEmbedding(768 // 12).cos_sin(torch.arange(2))[0].shape[-1]
+    llama = rope_spec(
+        {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 5e5}
+    )
+    pairs_llama = len(inv_freq(llama.rotary_dim, llama.base))
+    sinusoidal_pairs = sinusoidal_table(1, 768).shape[-1] // 2
+    return Result(
+        base_768 == 32 and pairs_llama == 64 and sinusoidal_pairs == 384,
+        f"pairs per head: {base_768} (d_model 768, 12 heads), {pairs_llama} (Llama 3.1 8B); "
+        f"the sinusoidal table of d = 768 has {sinusoidal_pairs} pairs",
+        {"d768_12_heads": base_768, "llama_3_1_8b": pairs_llama, "sinusoidal_768": 384},
+    )
+
+
+@claim(
+    "rope.scaling_alone_is_partial",
+    7,
+    "Frequency scaling without fine-tuning recovers part of what RoPE loses past its training "
+    "length, not all of it: in the lab, RoPE+YaRN at the longest length is better than plain "
+    "RoPE there but still clearly worse than within the training length.",
+    verdict="overstated",
+    lesson_says="enabling context extension from 2K to 32K, 128K, and 1M tokens via frequency "
+    "scaling (YaRN, LongLoRA)",
+)
+def _rope_scaling_partial() -> Result:
+    lab = _lab()
+    longest = lab["config"]["eval_lens"][-1]
+    train = lab["config"]["train_len"]
+    within, w_s = _cell(lab, "rope", train, "all")
+    rope_m, rope_s = _cell(lab, "rope", longest, "past")
+    yarn_m, yarn_s = _cell(lab, "rope+yarn", longest, "past")
+    ok = yarn_m + 2 * math.hypot(yarn_s, rope_s) < rope_m and yarn_m - within > 2 * math.hypot(
+        yarn_s, w_s
+    )
+    return Result(
+        ok,
+        f"loss at {longest} tokens, past the training length {train}: RoPE {rope_m:.2f}, "
+        f"RoPE+YaRN {yarn_m:.2f}; within the training length {within:.2f} nats/char "
+        f"({_lab_conditions(lab)}). LongLoRA is a fine-tuning method, not a scaling.",
+        {"rope_past": rope_m, "yarn_past": yarn_m, "within": within},
+    )
+
+
+@claim(
     "rope.no_learnable_parameters",
     3,
     "RoPE adds no parameters: the same LM has as many parameters with RoPE as without "
