@@ -36,6 +36,12 @@ def test_the_folder_holds_what_the_issue_lists(built):
     assert all(s["figures"] for s in manifest["screens"])  # every screen draws something
 
 
+def test_build_time_with_saved_claims(built):
+    # The issue's bar is 20 s on the 2-core machine (measured about 9-10 s); a loose bound
+    # here, since these machines are shared.
+    assert built.seconds < 60, built.seconds
+
+
 def test_page_size_and_no_network(built):
     html = built.index.read_text(encoding="utf-8")
     assert built.bytes <= 8_000_000, built.bytes
