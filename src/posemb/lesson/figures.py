@@ -146,6 +146,10 @@ def _figure(
     )
 
 
+WIDE = 820
+"""Plot width of a full-width chart: the page shows figures in a ~930 px card."""
+
+
 def _r(x: float | torch.Tensor, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits: what a chart can show, and a small page."""
     return float(f"{float(x):.{digits}g}")
@@ -927,6 +931,13 @@ FACTORS = ("1", "2", "4", "8", "16", "32")
 SCALING_DIM, SCALING_BASE, SCALING_LEN = 128, 500000.0, 8192  # Llama 3.1's head and schedule
 
 
+SCALING_METHODS = ("default", "PI (linear)", "NTK", "YaRN", "Llama 3")
+SCALING_DASHES = ([1, 0], [10, 4], [2, 3], [1, 0], [6, 3, 1, 3])
+SCALING_WIDTHS = (2, 2, 2.5, 5, 2)  # YaRN wide and under the others: Llama 3 runs along it
+SCALING_MIDDLE_PAIR = 32  # the middle pair: where YaRN's and Llama 3's ramps disagree
+CHANGED = 1e-9  # relative change of a wavelength that counts as "changed" (float64 rounding)
+
+
 def fig_scaling(summary: dict[str, Any]) -> Figure:
     """How PI, NTK, YaRN and Llama 3 remap each pair's wavelength at a factor s."""
 
@@ -949,18 +960,36 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
                 "method": name,
                 "wavelength": _r(2 * math.pi / float(inv[i])),
                 "ratio": _r(float(default[i] / inv[i])),
+                "w": SCALING_WIDTHS[SCALING_METHODS.index(name)],
             }
-            for name, (inv, _) in got.items()
+            # YaRN first: its wide line is drawn under Llama 3's, which runs along it.
+            for name, (inv, _) in sorted(got.items(), key=lambda kv: kv[0] != "YaRN")
             for i in range(inv.shape[0])
         ]
+        top = max(r["wavelength"] for r in rows)
+        decades = [10**e for e in range(0, math.ceil(math.log10(top)) + 1)]
         lines = (
             alt.Chart(ROWS)
             .mark_line(aria=False)
             .encode(
-                x=alt.X("pair:Q", title="pair i"),
-                y=alt.Y("wavelength:Q", title="wavelength (tokens)", scale=alt.Scale(type="log")),
-                color=alt.Color("method:N", title=None, scale=_colors(list(got))),
-                strokeDash=alt.StrokeDash("method:N", legend=None),
+                x=alt.X("pair:Q", title="pair i (0 turns fastest)"),
+                y=alt.Y(
+                    "wavelength:Q",
+                    title="wavelength (tokens per turn)",
+                    scale=alt.Scale(type="log"),
+                    axis=alt.Axis(values=decades, format="~s"),
+                ),
+                color=alt.Color(
+                    "method:N", title="schedule", scale=_colors(SCALING_METHODS),
+                    sort=list(SCALING_METHODS),
+                ),
+                strokeDash=alt.StrokeDash(
+                    "method:N",
+                    title="schedule",
+                    scale=alt.Scale(domain=list(SCALING_METHODS), range=list(SCALING_DASHES)),
+                    sort=list(SCALING_METHODS),
+                ),
+                strokeWidth=alt.StrokeWidth("w:Q", scale=None, legend=None),
                 tooltip=[
                     "method:N",
                     "pair:Q",
@@ -969,20 +998,34 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
                 ],
             )
         )
-        rule = (
-            alt.Chart(_data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN}"}]))
-            .mark_rule(aria=False, strokeDash=[4, 4], color="gray")
-            .encode(y="y:Q", tooltip=["label:N"])
+        trained = alt.Chart(
+            _data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN:,} tokens"}])
+        ).encode(y="y:Q")
+        rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            tooltip=["label:N"]
         )
-        chart = (lines + rule).properties(width=460, height=260)
+        label = trained.mark_text(
+            aria=False, align="left", baseline="bottom", dx=4, dy=-3, color="gray", fontSize=12
+        ).encode(x=alt.datum(0), text="label:N")
+        chart = (
+            (lines + rule + label)
+            .properties(width=WIDE - 140, height=300)
+            .configure_axis(grid=True, gridOpacity=0.5)
+        )
         last = SCALING_DIM // 2 - 1
-        slow = ", ".join(
-            f"{name} {2 * math.pi / float(inv[last]):,.0f}" for name, (inv, _) in got.items()
+        changed = ", ".join(
+            f"{name} {int(((inv - default).abs() > CHANGED * default).sum())}"
+            for name, (inv, _) in got.items()
+            if name != "default"
+        )
+        mid = ", ".join(
+            f"{name} {2 * math.pi / float(inv[SCALING_MIDDLE_PAIR]):,.0f}"
+            for name, (inv, _) in got.items()
         )
         yarn_factor = got["YaRN"][1]
         return _spec(chart, rows), (
-            f"s = {factor}: slowest pair's wavelength {slow}; YaRN attention factor "
-            f"{yarn_factor:.4f}"
+            f"s = {factor}: pairs changed (of {last + 1}): {changed}; pair "
+            f"{SCALING_MIDDLE_PAIR}'s wavelength: {mid}; YaRN attention factor {yarn_factor:.4f}"
         )
 
     return _figure(
@@ -991,12 +1034,13 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
         "Stretching RoPE's clocks for longer contexts",
         f"Wavelength of each of the {SCALING_DIM // 2} pairs of a head_dim {SCALING_DIM}, base "
         f"{SCALING_BASE:,.0f} RoPE (Llama 3.1's) after each scaling with factor s, trained "
-        f"length {SCALING_LEN}. PI stretches every pair by s; NTK leaves the fastest pair and "
-        "stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many times within "
-        "the trained length and stretch only the slow ones.",
+        f"length {SCALING_LEN} (dashed grey). PI stretches every pair by s; NTK leaves the "
+        "fastest pair and stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many "
+        "times within the trained length and stretch only the slow ones (the readout counts the "
+        "pairs each method changes).",
         f"posemb.scaling.Yarn(s, {SCALING_LEN}).compute({SCALING_DIM}, {SCALING_BASE})",
         "Lines of wavelength (log scale) against pair index for the default schedule and four "
-        "scalings; they fan out as the factor grows.",
+        "scalings, each with its own colour and dash pattern; they fan out as the factor grows.",
         "vega",
         draw,
         [Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
