@@ -716,45 +716,94 @@ def fig_offset_cosine(summary: dict[str, Any]) -> Figure:
 DIMS = ("2", "8", "32", "128", "512", "2048", "4096")
 
 
+COSINE_BIN = 0.25  # bin width in units of 1/sqrt(d): the bars keep their shape as d grows
+COSINE_TOP = 0.2  # one y scale for every d (the tallest bar, at d = 2, is 0.19)
+COSINE_SPAN = 4.5  # bins cover +-4.5/sqrt(d) (clipped to [-1, 1]): every cosine of 500 pairs
+
+
 def fig_random_cosines(summary: dict[str, Any]) -> Figure:
-    """Histogram of cosines of random vector pairs, by dimension."""
-    n, bins = 500, 40
+    """Histogram of cosines of random vector pairs, by dimension, beside N(0, 1/d)."""
+    n = 500
 
     def draw(dim: str) -> tuple[object, str]:
         d = int(dim)
+        sigma = 1 / math.sqrt(d)
         cos = claims.random_cosines(d, n)
-        counts = torch.histc(cos, bins=bins, min=-1.0, max=1.0)
+        width = COSINE_BIN * sigma
+        half = math.ceil(min(1.0, COSINE_SPAN * sigma) / width)
+        edges = [max(-1.0, min(1.0, (i - half) * width)) for i in range(2 * half + 1)]
+        counts = torch.histc(cos, bins=2 * half, min=-half * width, max=half * width)
         rows = [
-            {"lo": _r(-1 + 2 * i / bins), "hi": _r(-1 + 2 * (i + 1) / bins), "n": int(c)}
-            for i, c in enumerate(counts.tolist())
+            {"lo": _r(lo, 3), "hi": _r(hi, 3), "f": _r(c / n, 3), "n": int(c), "kind": "bar"}
+            for lo, hi, c in zip(edges[:-1], edges[1:], counts.tolist(), strict=True)
         ]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
-            .encode(
-                x=alt.X(
-                    "lo:Q", title="cosine of two random vectors", scale=alt.Scale(domain=[-1, 1])
-                ),
-                x2="hi:Q",
-                y=alt.Y("n:Q", title=f"pairs of {n}"),
-                tooltip=["lo:Q", "hi:Q", "n:Q"],
-            )
-            .properties(width=420, height=200)
+        # The normal density N(0, 1/d), as the fraction of pairs expected in one bin.
+        xs = [-1 + 2 * i / 400 for i in range(401)]
+        rows += [
+            {"x": _r(x, 3), "f": _r(width * math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)), 3), "kind": "curve"}
+            for x in xs
+            if abs(x) <= min(1.0, COSINE_SPAN * sigma)
+        ]
+        x_scale = alt.Scale(domain=[-1, 1])
+        base = alt.Chart(ROWS)
+        bars = base.transform_filter("datum.kind == 'bar'").mark_bar(
+            aria=False, color=OKABE_ITO[0], opacity=0.85, stroke="white", strokeWidth=0.3
+        ).encode(
+            x=alt.X(
+                "lo:Q",
+                title="cosine of two random vectors",
+                scale=x_scale,
+                axis=alt.Axis(values=[i / 4 for i in range(-4, 5)], format=".2~f"),
+            ),
+            x2="hi:Q",
+            y=alt.Y(
+                "f:Q",
+                title=f"fraction of {n} pairs per bin",
+                scale=alt.Scale(domain=[0, max(COSINE_TOP, max(r["f"] for r in rows))]),
+            ),
+            y2=alt.datum(0),
+            tooltip=[
+                alt.Tooltip("lo:Q", title="from"),
+                alt.Tooltip("hi:Q", title="to"),
+                alt.Tooltip("n:Q", title="pairs"),
+            ],
         )
+        curve = base.transform_filter("datum.kind == 'curve'").mark_line(
+            aria=False, color=OKABE_ITO[1], strokeWidth=2
+        ).encode(x="x:Q", y="f:Q")
+        sd = alt.Chart(
+            _data(
+                [
+                    {"x": _r(-sigma), "label": "", "tip": "-1/√d"},
+                    {"x": _r(sigma), "label": f"±1/√d = ±{sigma:.3g}", "tip": "+1/√d"},
+                ]
+            )
+        ).encode(x="x:Q")
+        rules = sd.mark_rule(aria=False, strokeDash=[4, 3], color=OKABE_ITO[6]).encode(
+            tooltip=["tip:N", "x:Q"]
+        )
+        labels = sd.mark_text(
+            aria=False, align="left", dx=3, baseline="top", y=2, fontSize=12
+        ).encode(text="label:N")
+        chart = (bars + curve + rules + labels).properties(width=WIDE - 80, height=240)
+        std = float(cos.std())
         return _spec(chart, rows), (
-            f"d = {d}: std of the cosines {float(cos.std()):.4f}; "
-            f"1/sqrt(d) = {1 / math.sqrt(d):.4f}"
+            f"d = {d}: std of the cosines {std:.4f}; 1/sqrt(d) = {sigma:.4f} (ratio "
+            f"{std / sigma:.3f}); bins {width:.3g} wide"
         )
 
     return _figure(
         "fig-random-cosines",
         2,
         "Random directions are nearly orthogonal in high dimensions",
-        "Cosines of 500 pairs of random Gaussian vectors. In 2 dimensions they spread over "
-        "[-1, 1]; as d grows they crowd around 0 with standard deviation about 1/sqrt(d), which "
-        "is why a position vector and a token vector barely interfere.",
+        "Cosines of 500 pairs of random Gaussian vectors, as the fraction of pairs in each bin "
+        "(bins a quarter of 1/sqrt(d) wide, so every d has the same number of bars), with the "
+        "normal curve N(0, 1/d) in orange and dashed lines at ±1/sqrt(d). In 2 dimensions they "
+        "spread over [-1, 1]; as d grows they crowd around 0 with standard deviation about "
+        "1/sqrt(d), which is why a position vector and a token vector barely interfere.",
         "posemb.lesson.claims.random_cosines(d, 500)",
-        "Histogram of cosines that narrows around zero as the dimension slider grows.",
+        "Histogram of cosines that narrows around zero as the dimension slider grows, following "
+        "a normal curve of standard deviation 1/sqrt(d).",
         "vega",
         draw,
         [Control("fig-random-cosines-dim", "dimension d", "slider", DIMS, DIMS.index("512"))],
