@@ -164,3 +164,14 @@ def test_unknown_figure_and_bad_controls_are_refused():
         figures.Control("c", "c", "knob", ("a",), 0)
     with pytest.raises(ValueError, match="default"):
         figures.Control("c", "c", "slider", ("a",), 1)
+
+
+def test_causal_figure_is_linear_and_says_whether_the_copies_agree(built):
+    fig = next(f for f in built if f.id == "fig-causal-same-token")
+    assert fig.readouts["no positions"].startswith("same weight at 1, 99, 599 back: yes")
+    assert fig.readouts["RoPE"].startswith("same weight at 1, 99, 599 back: no")
+    for spec in fig.states.values():
+        assert not any(n.get("type") == "log" for n in _walk(spec))
+        w = [r["w"] for r in spec["data"]["values"]]
+        # Not saturated: every weight within a factor 10 of uniform attention over 600 keys.
+        assert 1 / 6000 < min(w) and max(w) < 10 / 600

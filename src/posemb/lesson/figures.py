@@ -455,10 +455,19 @@ def fig_permutation(summary: dict[str, Any]) -> Figure:
     )
 
 
+CAUSAL_LOGIT_STD = 1.0
+"""Spread of the last query's logits after :func:`fig_causal_same_token` scales q and k: the
+raw logits spread so widely that softmax puts nearly all weight on one key (and 1e-10 on the
+token's own copies); at 1 every weight stays within a factor ~10 of 1/600, on a linear axis."""
+
+
 def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
     """Causal attention weights of the last token over 599 earlier ones."""
     q, k = claims.causal_same_token_qk()
     t = q.shape[0]
+    # One factor for q and k alike: the same token still meets the same key, scaled.
+    scale = math.sqrt(CAUSAL_LOGIT_STD / float((k[:-1] @ q[-1]).std()))
+    q, k = q * scale, k * scale
     rotary = rope.RotaryEmbedding(q.shape[1])
     back = {pos: t - 1 - pos for pos in claims.SAME_TOKEN_AT}
 
@@ -474,39 +483,58 @@ def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
                 "key": "the same token" if j in back else "other tokens",
             }
             for j in range(t - 1)
-            # Every key within 50 steps, then every fifth: the page stays small and the log
-            # axis crowds the far keys anyway. The three copies are always drawn.
+            # Every key within 50 steps, then every fifth: the page stays small. The three
+            # copies are always drawn.
             if j in back or t - 1 - j <= 50 or (t - 1 - j) % 5 == 0
         ]
         base = alt.Chart(ROWS).encode(
-            x=alt.X("back:Q", title="steps back", scale=alt.Scale(type="log")),
-            y=alt.Y("w:Q", title="attention weight of the last token", scale=alt.Scale(type="log")),
+            x=alt.X(
+                "back:Q", title="steps back from the last token", scale=alt.Scale(domain=[0, t])
+            ),
+            y=alt.Y("w:Q", title="attention weight of the last token"),
             color=alt.Color("key:N", title=None, scale=_colors(["the same token", "other tokens"])),
-            tooltip=["back:Q", alt.Tooltip("w:Q", format=".3e"), "key:N"],
+            tooltip=["back:Q", alt.Tooltip("w:Q", format=".4g"), "key:N"],
         )
         others = base.transform_filter("datum.key == 'other tokens'").mark_point(
-            aria=False, filled=True, size=8
+            aria=False, filled=True, size=14, opacity=0.6
         )
         same = base.transform_filter("datum.key == 'the same token'").mark_point(
-            aria=False, filled=True, size=120
+            aria=False, filled=True, size=160, shape="diamond"
         )
-        chart = (others + same).properties(width=460, height=240)
+        uniform = alt.Chart(_data([{"w": _r(1 / t), "label": f"1/{t} (every key alike)"}])).encode(
+            y="w:Q"
+        )
+        rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            tooltip=["label:N"]
+        )
+        label = uniform.mark_text(
+            aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
+        ).encode(x=alt.datum(t), text="label:N")
+        chart = (rule + label + others + same).properties(width=WIDE - 140, height=260)
         w = [float(probs[pos]) for pos in claims.SAME_TOKEN_AT]
         spread = (max(w) - min(w)) / w[0]
-        shown = ", ".join(f"{back[pos]} back: {v:.4e}" for pos, v in zip(back, w, strict=True))
-        return _spec(chart, rows), f"same token {shown} (relative spread {spread:.1e})"
+        equal = spread < claims.EXACT
+        steps = ", ".join(str(back[pos]) for pos in claims.SAME_TOKEN_AT)
+        shown = ", ".join(f"{v:.3g}" for v in w)
+        return _spec(chart, rows), (
+            f"same weight at {steps} back: {'yes' if equal else 'no'} ({shown}; relative "
+            f"spread {spread:.1e}" + (", zero up to float64 rounding)" if equal else ")")
+        )
 
     return _figure(
         "fig-causal-same-token",
         1,
         "A causal mask does not tell near from far",
         "The last of 600 random tokens attends causally to the 599 before it; its own token also "
-        "sits 1, 99 and 599 steps back. Without positions those three get exactly the same "
-        "weight: the mask hides the future but gives no distance. With RoPE they differ. (Other "
-        "keys: all within 50 steps, then every fifth.)",
+        "sits 1, 99 and 599 steps back (diamonds). Without positions those three get exactly the "
+        "same weight: the mask hides the future but gives no distance. With RoPE they differ. "
+        f"(q and k are scaled by one factor so the logits spread by {CAUSAL_LOGIT_STD}: the "
+        "weights stay near 1/600 instead of one key taking all. Other keys: all within 50 steps, "
+        "then every fifth.)",
         "posemb.attention_probs(q, k, causal=True) on posemb.lesson.claims.causal_same_token_qk()",
-        "Scatter of attention weight against steps back (log scale), the three copies of the "
-        "token highlighted; they sit at one height without positions.",
+        "Scatter of attention weight against steps back on linear axes, the three copies of the "
+        "token as large diamonds; they sit at one height without positions and at three "
+        "heights with RoPE.",
         "vega",
         draw,
         [Control("fig-causal-encoding", "positions", "toggle", ("no positions", "RoPE"), 0)],
@@ -740,37 +768,47 @@ def fig_random_cosines(summary: dict[str, Any]) -> Figure:
         # The normal density N(0, 1/d), as the fraction of pairs expected in one bin.
         xs = [-1 + 2 * i / 400 for i in range(401)]
         rows += [
-            {"x": _r(x, 3), "f": _r(width * math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)), 3), "kind": "curve"}
+            {
+                "x": _r(x, 3),
+                "f": _r(
+                    width * math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)), 3
+                ),
+                "kind": "curve",
+            }
             for x in xs
             if abs(x) <= min(1.0, COSINE_SPAN * sigma)
         ]
         x_scale = alt.Scale(domain=[-1, 1])
         base = alt.Chart(ROWS)
-        bars = base.transform_filter("datum.kind == 'bar'").mark_bar(
-            aria=False, color=OKABE_ITO[0], opacity=0.85, stroke="white", strokeWidth=0.3
-        ).encode(
-            x=alt.X(
-                "lo:Q",
-                title="cosine of two random vectors",
-                scale=x_scale,
-                axis=alt.Axis(values=[i / 4 for i in range(-4, 5)], format=".2~f"),
-            ),
-            x2="hi:Q",
-            y=alt.Y(
-                "f:Q",
-                title=f"fraction of {n} pairs per bin",
-                scale=alt.Scale(domain=[0, max(COSINE_TOP, max(r["f"] for r in rows))]),
-            ),
-            y2=alt.datum(0),
-            tooltip=[
-                alt.Tooltip("lo:Q", title="from"),
-                alt.Tooltip("hi:Q", title="to"),
-                alt.Tooltip("n:Q", title="pairs"),
-            ],
+        bars = (
+            base.transform_filter("datum.kind == 'bar'")
+            .mark_bar(aria=False, color=OKABE_ITO[0], opacity=0.85, stroke="white", strokeWidth=0.3)
+            .encode(
+                x=alt.X(
+                    "lo:Q",
+                    title="cosine of two random vectors",
+                    scale=x_scale,
+                    axis=alt.Axis(values=[i / 4 for i in range(-4, 5)], format=".2~f"),
+                ),
+                x2="hi:Q",
+                y=alt.Y(
+                    "f:Q",
+                    title=f"fraction of {n} pairs per bin",
+                    scale=alt.Scale(domain=[0, max(COSINE_TOP, max(r["f"] for r in rows))]),
+                ),
+                y2=alt.datum(0),
+                tooltip=[
+                    alt.Tooltip("lo:Q", title="from"),
+                    alt.Tooltip("hi:Q", title="to"),
+                    alt.Tooltip("n:Q", title="pairs"),
+                ],
+            )
         )
-        curve = base.transform_filter("datum.kind == 'curve'").mark_line(
-            aria=False, color=OKABE_ITO[1], strokeWidth=2
-        ).encode(x="x:Q", y="f:Q")
+        curve = (
+            base.transform_filter("datum.kind == 'curve'")
+            .mark_line(aria=False, color=OKABE_ITO[1], strokeWidth=2)
+            .encode(x="x:Q", y="f:Q")
+        )
         sd = alt.Chart(
             _data(
                 [
@@ -1029,7 +1067,9 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
                     axis=alt.Axis(values=decades, format="~s"),
                 ),
                 color=alt.Color(
-                    "method:N", title="schedule", scale=_colors(SCALING_METHODS),
+                    "method:N",
+                    title="schedule",
+                    scale=_colors(SCALING_METHODS),
                     sort=list(SCALING_METHODS),
                 ),
                 strokeDash=alt.StrokeDash(
