@@ -1167,27 +1167,81 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
                         {"variant": v, "length": n, "loss": _r(m), "lo": _r(m - s), "hi": _r(m + s)}
                         | {"std": _r(s), "seeds": k}
                     )
-        base = alt.Chart(ROWS).encode(
-            x=alt.X("length:Q", title="evaluation length", scale=alt.Scale(type="log", base=2)),
-            color=alt.Color("variant:N", title=None, scale=_colors(variants)),
+        lo = min([r["lo"] for r in rows] + [unigram])
+        hi = max([r["hi"] for r in rows] + [unigram])
+        y_scale = alt.Scale(domain=[math.floor(lo * 10 - 1) / 10, math.ceil(hi * 10 + 1) / 10])
+        x = alt.X(
+            "length:Q",
+            title="evaluation length (tokens)",
+            scale=alt.Scale(type="log", base=2),
+            axis=alt.Axis(values=lens),
         )
-        band = base.mark_area(aria=False, opacity=0.2).encode(y="lo:Q", y2="hi:Q")
-        line = base.mark_line(aria=False, point=alt.OverlayMarkDef(aria=False)).encode(
-            y=alt.Y("loss:Q", title="loss (nats/char)"),
-            tooltip=[
-                "variant:N",
-                "length:Q",
-                alt.Tooltip("loss:Q", format=".3f"),
-                alt.Tooltip("std:Q", format=".3f"),
-                "seeds:Q",
-            ],
+        # Okabe-Ito without sky blue, which sits too close to blue at the band's opacity.
+        palette = [c for c in OKABE_ITO if c != "#56B4E9"]
+        colors = alt.Scale(domain=variants, range=palette[: len(variants)])
+        # The band takes no legend: its swatches would be the band's pale fill.
+        band = (
+            alt.Chart(ROWS)
+            .mark_area(aria=False, opacity=0.15)
+            .encode(
+                x=x,
+                y=alt.Y("lo:Q", scale=y_scale),
+                y2="hi:Q",
+                color=alt.Color("variant:N", scale=colors, legend=None),
+            )
         )
-        rule = (
-            alt.Chart(_data([{"y": _r(unigram), "label": "unigram entropy (ignores context)"}]))
-            .mark_rule(aria=False, strokeDash=[4, 4], color="gray")
-            .encode(y="y:Q", tooltip=["label:N", "y:Q"])
+        line = (
+            alt.Chart(ROWS)
+            .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50))
+            .encode(
+                x=x,
+                y=alt.Y("loss:Q", title="loss (nats/char)", scale=y_scale),
+                color=alt.Color(
+                    "variant:N",
+                    title="encoding",
+                    scale=colors,
+                    legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1),
+                ),
+                tooltip=[
+                    "variant:N",
+                    "length:Q",
+                    alt.Tooltip("loss:Q", format=".3f"),
+                    alt.Tooltip("std:Q", format=".3f"),
+                    "seeds:Q",
+                ],
+            )
         )
-        chart = (band + line + rule).properties(width=460, height=260)
+        marks = alt.Chart(
+            _data(
+                [
+                    {
+                        "y": _r(unigram),
+                        "x": lens[-1],
+                        "label": f"unigram entropy {unigram:.2f} (ignores context)",
+                    }
+                ]
+            )
+        )
+        rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            y="y:Q", tooltip=["label:N", "y:Q"]
+        )
+        rule_label = marks.mark_text(
+            aria=False, align="right", baseline="bottom", dy=-3, color="gray", fontSize=12
+        ).encode(y="y:Q", x="x:Q", text="label:N")
+        trained = alt.Chart(_data([{"x": train_len, "label": f"trained at {train_len}"}])).encode(
+            x=alt.X("x:Q")
+        )
+        train_rule = trained.mark_rule(aria=False, color=OKABE_ITO[6], strokeDash=[2, 2]).encode(
+            tooltip=["label:N"]
+        )
+        train_label = trained.mark_text(
+            aria=False, align="left", baseline="top", dx=4, y=4, fontSize=12
+        ).encode(text="label:N")
+        chart = (
+            (band + train_rule + train_label + rule + rule_label + line)
+            .resolve_legend(color="independent")
+            .properties(width=WIDE - 130, height=300)
+        )
         longest = lens[-1]
         shown = "; ".join(
             f"{v} {c[0]:.3f} ± {c[1]:.3f}"
