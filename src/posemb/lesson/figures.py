@@ -304,6 +304,7 @@ def _dial_face(cx: float, cy: float, r: float, ticks: int = 8) -> str:
 def _diverging_rgb(v: float, vmax: float) -> str:
     """Blue (negative) - light grey - orange (positive), the colours of :data:`DIVERGING`."""
     t = max(-1.0, min(1.0, v / vmax)) if vmax > 0 else 0.0
+    t = math.copysign(math.sqrt(abs(t)), t)  # small values visibly coloured, not near-white
     mid, end = (242, 242, 242), ((0, 114, 178) if t < 0 else (230, 159, 0))
     c = [round(m + abs(t) * (e - m)) for m, e in zip(mid, end, strict=True)]
     return "#{:02x}{:02x}{:02x}".format(*c)
@@ -323,46 +324,96 @@ def _vec(v: torch.Tensor) -> str:
 ENCODING_NAMES = {"no positions": "none", "sinusoidal": "sinusoidal", "RoPE": "rope"}
 
 
+BLENDER_CELL = 26  # px per channel: 16 channels make a 416 px strip
+
+
+def _diverging_legend(x: float, y: float, vmax: float, width: float = 320) -> str:
+    """A colour bar for :func:`_diverging_rgb` from -vmax to vmax, with numbers under it."""
+    steps = 64
+    w = round(width / steps + 0.5, 2)  # a hair wider: no gaps between the slices
+    body = [
+        f'<rect x="{round(x + i * width / steps, 2)}" y="{y}" width="{w}" height="14" '
+        f'fill="{_diverging_rgb(vmax * (2 * i / (steps - 1) - 1), vmax)}"/>'
+        for i in range(steps)
+    ]
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        tx = round(x + frac * width, 2)
+        body.append(
+            f'<line x1="{tx}" y1="{y + 14}" x2="{tx}" y2="{y + 19}" stroke="currentColor"/>'
+            f'<text x="{tx}" y="{y + 32}" text-anchor="middle">{vmax * (2 * frac - 1):.2g}</text>'
+        )
+    return "".join(body)
+
+
 def fig_blender(summary: dict[str, Any]) -> Figure:
     """Per-word outputs of one attention layer for 'dog bites man' and 'man bites dog'."""
     outs = claims.dog_bites_man_outputs()
     words = claims.DOG_BITES_MAN
     vmax = max(float(t.abs().max()) for pair in outs.values() for t in pair)
+    cell, x0, y0, block = BLENDER_CELL, 200, 56, 3 * (BLENDER_CELL + 6) + 26
+    channels = next(iter(outs.values()))[0].shape[1]
+
+    def strip(x: float, y: float, row: list[float], blank_below: float | None = None) -> str:
+        out = []
+        for j, v in enumerate(row):
+            if blank_below is not None and abs(v) < blank_below:
+                fill = 'fill="none" stroke="currentColor" stroke-opacity="0.25"'
+            else:
+                fill = f'fill="{_diverging_rgb(v, vmax)}" stroke="#ffffff" stroke-width="0.5"'
+            out.append(
+                f'<rect x="{x + j * cell}" y="{y}" width="{cell}" height="{cell}" {fill}>'
+                f"<title>channel {j}: {v:.4g}</title></rect>"
+            )
+        return "".join(out)
 
     def draw(encoding: str) -> tuple[object, str]:
         out_a, out_b = outs[ENCODING_NAMES[encoding]]
-        cell, x0, y0 = 9, 150, 40
         body = [
-            f'<text x="4" y="14" font-weight="bold">each word\'s output, {encoding}</text>',
-            '<text x="4" y="28" font-size="10">16 channels: blue negative, orange positive</text>',
+            f'<text x="4" y="18" font-weight="bold" font-size="15">each word\'s output, '
+            f"{escape(encoding)}</text>",
+            f'<text x="4" y="38" font-size="13">{channels} channels per word; the third row is '
+            "the difference (blank where the two are identical)</text>",
         ]
         for w, word in enumerate(words):
-            y = y0 + w * 62
-            body.append(f'<text x="4" y="{y + 22}" font-weight="bold">{word}</text>')
-            ia, ib = w, len(words) - 1 - w  # the word's row in each sentence
-            for s, (label, row) in enumerate(
-                (("in 'dog bites man'", out_a[ia]), ("in 'man bites dog'", out_b[ib]))
-            ):
-                yy = y + s * (cell + 6)
-                body.append(f'<text x="52" y="{yy + 8}" font-size="10">{label}</text>')
-                body.extend(
-                    f'<rect x="{x0 + j * cell}" y="{yy}" width="{cell}" height="{cell}" '
-                    f'fill="{_diverging_rgb(float(v), vmax)}"/>'
-                    for j, v in enumerate(row.tolist())
-                )
-            diff = float((out_a[ia] - out_b[ib]).abs().max())
+            y = y0 + w * block
             body.append(
-                f'<text x="{x0 + 16 * cell + 10}" y="{y + 14}" font-size="11">'
-                f"largest change {diff:.2g}</text>"
+                f'<text x="4" y="{y + cell * 1.5 + 10}" font-weight="bold" font-size="15">'
+                f"{word}</text>"
             )
+            ia, ib = w, len(words) - 1 - w  # the word's row in each sentence
+            a, b = out_a[ia].tolist(), out_b[ib].tolist()
+            diff = [u - v for u, v in zip(a, b, strict=True)]
+            for s_, (label, row, blank) in enumerate(
+                (
+                    ("in 'dog bites man'", a, None),
+                    ("in 'man bites dog'", b, None),
+                    ("difference", diff, claims.EXACT),
+                )
+            ):
+                yy = y + s_ * (cell + 6)
+                body.append(
+                    f'<text x="{x0 - 8}" y="{yy + cell * 0.7}" font-size="13" '
+                    f'text-anchor="end">{escape(label)}</text>'
+                )
+                body.append(strip(x0, yy, row, blank))
+            largest = max(abs(v) for v in diff)
+            body.append(
+                f'<text x="{x0 + channels * cell + 10}" y="{y + 2 * (cell + 6) + cell * 0.7}" '
+                f'font-size="13">largest {largest:.3g}</text>'
+            )
+        ly = y0 + len(words) * block
+        body.append(f'<text x="4" y="{ly + 12}" font-size="13">output value</text>')
+        body.append(_diverging_legend(x0, ly, vmax))
         change = claims.word_change(out_a, out_b)
         svg = _svg(
-            340 + 16 * cell,
-            y0 + 62 * len(words),
-            f"Attention outputs of dog, bites and man in both sentences, {encoding}",
+            x0 + channels * cell + 110,
+            ly + 44,
+            f"Attention outputs of dog, bites and man in both sentences and their difference, "
+            f"{encoding}",
             "".join(body),
         )
-        return svg, f"largest per-word change between the sentences = {change:.3g}"
+        words_ = " (zero up to float64 rounding)" if change < claims.EXACT else ""
+        return svg, f"largest per-word change between the sentences = {change:.3g}{words_}"
 
     return _figure(
         "fig-blender",
@@ -370,11 +421,12 @@ def fig_blender(summary: dict[str, Any]) -> Figure:
         "The blender: the same words, the same outputs",
         "One self-attention layer (random embeddings and projections, float64) reads 'dog bites "
         "man' and 'man bites dog'. Without positions each word gets exactly the same output in "
-        "both sentences: attention only reordered the rows. Sinusoidal or rotary positions make "
-        "the outputs differ.",
+        "both sentences (the difference rows stay blank): attention only reordered the rows. "
+        "Sinusoidal or rotary positions make the outputs differ.",
         "posemb.lesson.claims.dog_bites_man_outputs()",
-        "Colour strips of each word's 16-channel attention output in both sentences; identical "
-        "strips without positions, different ones with sinusoidal or RoPE positions.",
+        "Colour strips of each word's 16-channel attention output in both sentences, and a "
+        "third strip of their difference: blank without positions, coloured with sinusoidal or "
+        "RoPE positions. A colour bar gives the values.",
         "svg",
         draw,
         [Control("fig-blender-encoding", "positions", "toggle", tuple(ENCODING_NAMES), 0)],
