@@ -150,6 +150,17 @@ WIDE = 820
 """Plot width of a full-width chart: the page shows figures in a ~930 px card."""
 
 
+def _sig(x: float | torch.Tensor, digits: int = 4) -> str:
+    """``x`` for a reader: ``digits`` significant digits, thousands separated, no exponent
+    between 1e-3 and 1e15 (61,343 rather than 6.134e+04)."""
+    x = float(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e15):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    return f"{_r(x, digits):,g}"
+
+
 def _r(x: float | torch.Tensor, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits: what a chart can show, and a small page."""
     return float(f"{float(x):.{digits}g}")
@@ -1556,49 +1567,118 @@ def fig_logit_mn(summary: dict[str, Any]) -> Figure:
 WAVE_PAIRS = ("0", "32", "128", "383")  # the lesson's channels on its harmonics screen
 
 
-def fig_waves(summary: dict[str, Any]) -> Figure:
-    """sin and cos of one sinusoidal pair over positions 0-127 (d = 768)."""
-    n, d = 128, 768
-    table = absolute.sinusoidal_table(n, d, dtype=F64)
-    lam = freqs.wavelengths(d)
+WAVE_RANGES = {"0-128": 128, "0-1,024": 1024, "0-65,536": 65536}
+WAVE_SAMPLES = 256  # points per panel at most: a wider range samples every k-th position
+WAVE_MIN_SAMPLES = 6  # per turn: a pair that turns faster is drawn as a band, not aliased
 
-    def draw(pair: str) -> tuple[object, str]:
-        i = int(pair)
-        rows = [
-            {
-                "position": p,
-                "value": _r(table[p, 2 * i + c]),
-                "channel": f"{name} (channel {2 * i + c})",
-            }
-            for c, name in ((0, "sin"), (1, "cos"))
-            for p in range(n)
-        ]
-        names = [f"sin (channel {2 * i})", f"cos (channel {2 * i + 1})"]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_line(aria=False)
+
+def fig_waves(summary: dict[str, Any]) -> Figure:
+    """sin and cos of the lesson's four pairs (d = 768), stacked, over a chosen range."""
+    d = 768
+    pairs = [int(p) for p in WAVE_PAIRS]
+    lam = freqs.wavelengths(d)
+    titles = {i: f"pair {i}: wavelength {_sig(lam[i])} tokens" for i in pairs}
+
+    header = " : ".join(f"datum.value == {i} ? '{titles[i]}'" for i in pairs) + " : ''"
+
+    def draw(span: str) -> tuple[object, str]:
+        n = WAVE_RANGES[span]
+        step = max(1, n // WAVE_SAMPLES)
+        pos = torch.arange(0, n + 1, step)
+        table = absolute.sinusoidal_table(pos, d, dtype=F64)
+        rows: list[dict[str, object]] = []
+        fast = []
+        for i in pairs:
+            if float(lam[i]) / step < WAVE_MIN_SAMPLES:
+                fast.append(i)
+                turns = n / float(lam[i])
+                rows += [
+                    {"pair": i, "p": x, "lo": -1, "hi": 1, "k": "band"}
+                    | {"note": f"{turns:,.0f} turns: too fast to draw at this range"}
+                    for x in (0, n)
+                ]
+                continue
+            rows += [
+                {"pair": i, "p": int(p), "v": _r(table[j, 2 * i + c], 3), "c": name}
+                for c, name in ((0, "sin"), (1, "cos"))
+                for j, p in enumerate(pos.tolist())
+            ]
+        x = alt.X("p:Q", title="position", scale=alt.Scale(domain=[0, n], nice=False))
+        lines = (
+            alt.Chart()
+            .transform_filter("datum.k != 'band'")
+            .mark_line(aria=False, strokeWidth=1.5, clip=True)
             .encode(
-                x=alt.X("position:Q", title="position"),
-                y=alt.Y("value:Q", title="PE", scale=alt.Scale(domain=[-1, 1])),
-                color=alt.Color("channel:N", title=None, scale=_colors(names)),
-                tooltip=["channel:N", "position:Q", alt.Tooltip("value:Q", format=".4f")],
+                x=x,
+                y=alt.Y("v:Q", title="PE", scale=alt.Scale(domain=[-1, 1])),
+                color=alt.Color(
+                    "c:N",
+                    title=None,
+                    scale=_colors(["sin", "cos"]),
+                    legend=alt.Legend(
+                        orient="top",
+                        direction="horizontal",
+                        labelExpr="datum.label == 'sin' ? 'sin (channel 2i)' "
+                        ": 'cos (channel 2i+1)'",
+                    ),
+                ),
+                tooltip=["pair:N", alt.Tooltip("p:Q", title="position"), "c:N", "v:Q"],
             )
-            .properties(width=460, height=200)
         )
-        return _spec(chart, rows), f"pair {i}: wavelength {float(lam[i]):,.2f} tokens"
+        band = (
+            alt.Chart()
+            .transform_filter("datum.k == 'band'")
+            .mark_area(aria=False, color=OKABE_ITO[7], opacity=0.35)
+            .encode(x=x, y="lo:Q", y2="hi:Q", tooltip=["pair:N", "note:N"])
+        )
+        note = (
+            alt.Chart()
+            .transform_filter("datum.k == 'band' && datum.p == 0")
+            .mark_text(aria=False, align="left", dx=6, fontSize=12)
+            .encode(x=x, y=alt.datum(0), text="note:N")
+        )
+        chart = (
+            alt.layer(band, note, lines, data=ROWS)
+            .properties(width=WIDE - 60, height=64)
+            .facet(
+                row=alt.Row(
+                    "pair:O",
+                    title=None,
+                    sort="ascending",
+                    header=alt.Header(
+                        labelAngle=0,
+                        labelAlign="left",
+                        labelAnchor="start",
+                        labelOrient="top",
+                        labelExpr=header,
+                        labelFontSize=13,
+                        labelFontWeight="bold",
+                    ),
+                )
+            )
+            .properties(spacing=8)
+        )
+        drawn = ", ".join(f"pair {i} {_sig(lam[i])}" for i in pairs)
+        shown = f"positions 0-{n:,}"
+        if fast:
+            which = ", ".join(map(str, fast))
+            shown += f" (pair{'s' if len(fast) > 1 else ''} {which} too fast to draw)"
+        return _spec(chart, rows), f"{shown}; wavelengths in tokens: {drawn}"
 
     return _figure(
         "fig-waves",
         6,
         "The hands of the grandfather clock",
-        "The sine and cosine channels of one pair of the d = 768 sinusoidal table over 128 "
-        "positions: pair 0 repeats every 2 pi = 6.28 tokens; pair 383 has a wavelength of "
-        "61,342.74 tokens and hardly moves.",
-        "posemb.sinusoidal_table(128, 768); posemb.wavelengths(768)",
-        "Two waves, sine and cosine, whose period grows as the pair slider moves right.",
+        "The sine and cosine channels of the lesson's four pairs of the d = 768 sinusoidal table "
+        "on one position axis: pair 0 repeats every 2 pi = 6.28 tokens; pair 383 has a "
+        "wavelength of 61,342.74 tokens and hardly moves in 128 positions. Widen the range to "
+        "watch the slow pairs turn (a pair too fast to draw at the range is a grey band).",
+        "posemb.sinusoidal_table(positions, 768); posemb.wavelengths(768)",
+        "Four stacked panels of sine and cosine waves, pairs 0, 32, 128 and 383, each titled "
+        "with its wavelength; the range slider widens the shared position axis.",
         "vega",
         draw,
-        [Control("fig-waves-pair", "pair i", "slider", WAVE_PAIRS, 0)],
+        [Control("fig-waves-range", "positions", "slider", tuple(WAVE_RANGES), 0)],
     )
 
 
