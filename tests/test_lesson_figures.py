@@ -110,6 +110,7 @@ def test_readouts_are_what_posemb_computes(built):
     r = posemb.rotation_matrix(3, posemb.inv_freq(16, dtype=F64), posemb.Layout.HALF)
     det = float(torch.linalg.det(r))
     assert f"{det:.6f}" in by_id["fig-givens"].readouts[f"{figures.LAYOUTS[0]}|3"]
+    assert f"(error {abs(det - 1):.1e})" in by_id["fig-givens"].readouts[f"{figures.LAYOUTS[0]}|3"]
     assert (
         by_id["fig-toy-trace"]
         .readouts[figures.TRACE_STEPS[1]]
