@@ -23,6 +23,7 @@ import functools
 import itertools
 import math
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -719,6 +720,159 @@ def fig_trained_attention(summary: dict[str, Any]) -> Figure:
         "vega",
         draw,
         [Control("fig-trained-attention-sentence", "sentence", "toggle", SENTENCES, 0)],
+    )
+
+
+ACCURACY_WIDTH = WIDE - 120  # room on the right for the rules' labels
+TRAINED_CLAIM = "attention.dog_bites_man.trained"
+"""The claim whose measured accuracies :func:`fig_trained_accuracy` draws."""
+
+
+def _trained_accuracies(
+    claim_rows: Sequence[dict[str, Any]] | None,
+) -> tuple[dict[str, list[float]], float] | None:
+    """(accuracy per encoding, one per seed; the pass bar) from the claim's ``posemb verify``
+    row, or None when the rows do not include it.
+
+    Raises:
+        ValueError: the row's ``value`` is not what the claim measures.
+    """
+    row = next((r for r in claim_rows or () if r.get("id") == TRAINED_CLAIM), None)
+    if row is None:
+        return None
+    value = row.get("value")
+    ok = isinstance(value, dict) and isinstance(value.get("bar"), (int, float))
+    acc = {k: v for k, v in value.items() if k != "bar"} if ok else {}
+    if (
+        not ok
+        or not acc
+        or not all(
+            isinstance(v, list) and v and all(isinstance(a, (int, float)) for a in v)
+            for v in acc.values()
+        )
+    ):
+        raise ValueError(
+            f"claim row {TRAINED_CLAIM}: value must be {{encoding: [accuracy per seed], "
+            f"'bar': number}}, got {value!r}"
+        )
+    return {k: [float(a) for a in v] for k, v in acc.items()}, float(value["bar"])
+
+
+def fig_trained_accuracy(
+    summary: dict[str, Any], claim_rows: Sequence[dict[str, Any]] | None = None
+) -> Figure:
+    """Held-out accuracy of the dog-bites-man encoder per encoding, from ``posemb verify``."""
+    from ..lab import dog_bites_man as dbm
+
+    got = _trained_accuracies(claim_rows)
+    # Training every encoding on every seed takes minutes: the build reads what posemb
+    # verify measured, or says it did not measure it.
+    bar = (
+        got[1]
+        if got
+        else claims._above_chance(claims._independent_answers(len(dbm.make_data(0).test_y)))
+    )
+    encodings = list(got[0]) if got else list(dbm.ENCODINGS)
+
+    def draw() -> tuple[object, str]:
+        rows: list[dict[str, object]] = []
+        if got:
+            for e, accs in got[0].items():
+                mean = statistics.fmean(accs)
+                rows.append(
+                    {"encoding": e, "acc": _r(mean), "label": f"{mean:.3f}", "kind": "mean"}
+                    | {"seeds": len(accs), "above": "yes" if min(accs) > bar else "no"}
+                )
+                rows += [{"encoding": e, "acc": _r(a), "kind": "seed"} for a in accs]
+        x = alt.X(
+            "encoding:N",
+            title=None,
+            sort=encodings,
+            scale=alt.Scale(domain=encodings),
+            axis=alt.Axis(labelAngle=0),
+        )
+        y_scale = alt.Scale(domain=[0, 1.08])
+        y = alt.Y("acc:Q", title="held-out accuracy", scale=y_scale)
+        base = alt.Chart().encode(x=x)  # the rows come once, with the layer
+        bars = (
+            base.transform_filter("datum.kind == 'mean'")
+            .mark_bar(aria=False, width={"band": 0.6})
+            .encode(
+                y=y,
+                color=alt.Color(
+                    "above:N",
+                    title="every seed above the pass bar",
+                    scale=alt.Scale(domain=["yes", "no"], range=[OKABE_ITO[0], OKABE_ITO[7]]),
+                    legend=alt.Legend(orient="top"),
+                ),
+                tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f"), "seeds:Q"],
+            )
+        )
+        labels = (
+            base.transform_filter("datum.kind == 'mean'")
+            .mark_text(aria=False, baseline="bottom", dy=-3, fontSize=12)
+            .encode(y="acc:Q", text="label:N")
+        )
+        seeds = (
+            base.transform_filter("datum.kind == 'seed'")
+            .mark_point(aria=False, shape="circle", filled=True, size=30, color=OKABE_ITO[6])
+            .encode(y="acc:Q", tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f")])
+        )
+        refs = alt.Chart(
+            _data(
+                [
+                    {"y": dbm.CHANCE, "label": f"chance {dbm.CHANCE}"},
+                    {"y": _r(bar), "label": f"pass bar {bar:.3f}"},
+                ]
+            )
+        ).encode(y=alt.Y("y:Q", title="held-out accuracy", scale=y_scale))
+        rules = refs.mark_rule(aria=False, strokeDash=[5, 3], color=OKABE_ITO[1]).encode(
+            tooltip=["label:N"]
+        )
+        # Labelled beside the plot, where no bar covers them.
+        rule_labels = refs.mark_text(
+            aria=False, align="left", baseline="middle", dx=6, color=OKABE_ITO[1], fontSize=12
+        ).encode(x=alt.value(ACCURACY_WIDTH), text="label:N")
+        layers = [rules, rule_labels]
+        if got:
+            layers = [bars, seeds, labels, *layers]
+        else:
+            # The x axis still names every encoding, with nothing above it.
+            layers.append(base.mark_tick(aria=False, opacity=0).encode(y=alt.datum(0)))
+            layers.append(
+                alt.Chart(_data([{"t": "not measured in this build"}]))
+                .mark_text(aria=False, fontSize=16, color=OKABE_ITO[6])
+                .encode(x=alt.value(ACCURACY_WIDTH / 2), y=alt.value(30), text="t:N")
+            )
+        chart = alt.layer(*layers, data=ROWS).properties(width=ACCURACY_WIDTH, height=260)
+        if not got:
+            # A chart with no rows still needs its x domain: the encodings, from posemb.
+            rows = [{"encoding": e, "kind": "none"} for e in encodings]
+            return _spec(chart, rows), (
+                f"not measured in this build: the page builder passes posemb verify's rows "
+                f"(claim {TRAINED_CLAIM}); chance {dbm.CHANCE}, pass bar {bar:.3f}"
+            )
+        shown = ", ".join(f"{e} {statistics.fmean(a):.3f}" for e, a in got[0].items())
+        n_seeds = len(next(iter(got[0].values())))
+        return _spec(chart, rows), (
+            f"held-out accuracy, mean of {n_seeds} seeds: {shown}; chance {dbm.CHANCE}, "
+            f"pass bar {bar:.3f}"
+        )
+
+    return _figure(
+        "fig-trained-accuracy",
+        1,
+        "Trained on 'A verb B': only positions get past chance",
+        "The one-layer encoder of posemb verify learns to say who acts in 'A verb B' (16 "
+        "entities, pairs held out), once per encoding and seed: bars are the mean held-out "
+        "accuracy, dots the seeds. Without positions it stays at chance (0.5) on every seed; "
+        "every encoding clears the pass bar, five standard errors of a coin above chance. The "
+        "numbers are those of posemb verify's run.",
+        f"posemb.lab.dog_bites_man.accuracy_over_seeds() (posemb verify, claim {TRAINED_CLAIM})",
+        "Bars of held-out accuracy per encoding with a dashed chance line at 0.5 and a dashed "
+        "pass bar near 0.8; NoPE's bar stops at chance, the others reach about 1.",
+        "vega",
+        draw,
     )
 
 
@@ -1849,10 +2003,11 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
         8,
         "The ballroom: 2 x 2 blocks on the diagonal",
         "R_m for d = 16 (base 10,000): one 2 x 2 rotation per pair, blank cells are exactly 0; "
-        "the outlined cells are each pair's four entries. Interleaved pairing (RoFormer, GPT-J, Meta's Llama "
-        "code) puts the blocks on the diagonal; rotate_half (GPT-NeoX, Hugging Face Llama) pairs "
-        "channel j with j + 8, the same rotation with channels reordered. At m = 1 the slow pairs "
-        "barely turn and R_m looks like the identity; at m = 100 or 1000 they visibly do.",
+        "the outlined cells are each pair's four entries. Interleaved pairing (RoFormer, GPT-J, "
+        "Meta's Llama code) puts the blocks on the diagonal; rotate_half (GPT-NeoX, Hugging "
+        "Face Llama) pairs channel j with j + 8, the same rotation with channels reordered. At "
+        "m = 1 the slow pairs barely turn and R_m looks like the identity; at m = 100 or 1000 "
+        "they visibly do.",
         "posemb.rotation_matrix(m, posemb.inv_freq(16), layout)",
         "16 x 16 heatmap of the rotation matrix with each pair's entries outlined: diagonal "
         "2 x 2 blocks, or two offset diagonals for rotate_half.",
@@ -1999,6 +2154,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "fig-causal-same-token": fig_causal_same_token,
     "fig-counting": fig_counting,
     "fig-trained-attention": fig_trained_attention,
+    "fig-trained-accuracy": fig_trained_accuracy,
     "fig-sinusoidal-table": fig_sinusoidal_table,
     "fig-offset-cosine": fig_offset_cosine,
     "fig-random-cosines": fig_random_cosines,
@@ -2023,6 +2179,14 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
 
 
 TRAINED = "fig-trained-attention"  # needs the ~5 s training of a small encoder
+READS_CLAIMS = {"fig-trained-accuracy": fig_trained_accuracy}
+"""Builders that also take ``posemb verify``'s rows (``claim_rows``)."""
+
+
+def _build(id: str, lab: dict[str, Any], claim_rows: Sequence[dict[str, Any]] | None) -> Figure:
+    if id in READS_CLAIMS:
+        return READS_CLAIMS[id](lab, claim_rows)
+    return BUILDERS[id](lab)
 
 
 def _render_jobs(
@@ -2045,18 +2209,26 @@ def _workers() -> int:
         return max(2, os.cpu_count() or 1)
 
 
-def build_figure(id: str, summary: dict[str, Any] | None = None) -> Figure:
-    """Build one figure by id, rendered (``summary`` as in :func:`build_figures`)."""
+def build_figure(
+    id: str,
+    summary: dict[str, Any] | None = None,
+    claim_rows: Sequence[dict[str, Any]] | None = None,
+) -> Figure:
+    """Build one figure by id, rendered (``summary`` and ``claim_rows`` as in
+    :func:`build_figures`)."""
     if id not in BUILDERS:
         raise ValueError(f"unknown figure {id!r}; known: {', '.join(BUILDERS)}")
-    figure = BUILDERS[id](report.default_summary() if summary is None else summary)
+    figure = _build(id, report.default_summary() if summary is None else summary, claim_rows)
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         for fig, key, job in _render_jobs(figure, pool):
             fig.static_svg[key] = job.result()
     return figure
 
 
-def build_figures(summary: dict[str, Any] | None = None) -> list[Figure]:
+def build_figures(
+    summary: dict[str, Any] | None = None,
+    claim_rows: Sequence[dict[str, Any]] | None = None,
+) -> list[Figure]:
     """Every figure of the page, computed and rendered now, in screen order.
 
     The encoder behind the trained-attention figure trains on one thread while the other
@@ -2066,14 +2238,21 @@ def build_figures(summary: dict[str, Any] | None = None) -> list[Figure]:
     Args:
         summary: a lab summary as :func:`posemb.lab.report.compact` writes it; default the
             one that ships with posemb (:func:`posemb.lab.report.default_summary`).
+        claim_rows: the rows of ``posemb verify`` (as ``--save`` writes them: dicts with
+            ``id`` and ``value``); the trained-accuracy figure draws the accuracies its claim
+            measured. Default None: that figure says "not measured in this build" (training
+            every encoding on every seed takes minutes).
+
+    Raises:
+        ValueError: a claim row a figure reads does not hold what its claim measures.
     """
     lab = report.default_summary() if summary is None else summary
     with concurrent.futures.ThreadPoolExecutor(_workers() + 1) as pool:
         training = pool.submit(_trained_rope_encoder)
         figures, jobs = [], []
-        for id, build in BUILDERS.items():
+        for id in BUILDERS:
             if id != TRAINED:
-                figures.append(build(lab))
+                figures.append(_build(id, lab, claim_rows))
                 jobs += _render_jobs(figures[-1], pool)
         training.result()
         figures.append(BUILDERS[TRAINED](lab))
