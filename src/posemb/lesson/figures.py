@@ -2077,17 +2077,28 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
     nope = counts["nope"]
 
     def draw() -> tuple[object, str]:
-        rows = [{"encoding": e, "extra": n - nope} for e, n in counts.items() if e != "nope"]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
-            .encode(
-                y=alt.Y("encoding:N", title=None, sort="-x"),
-                x=alt.X("extra:Q", title=f"parameters beyond NoPE's {nope:,}"),
-                tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
-            )
-            .properties(width=420, height=200)
+        rows = [
+            {"encoding": e, "extra": n - nope, "label": f"+{n - nope:,}"}
+            for e, n in counts.items()
+            if e != "nope"
+        ]
+        base = alt.Chart().encode(
+            y=alt.Y(
+                "encoding:N",
+                title=None,
+                sort=[r["encoding"] for r in sorted(rows, key=lambda r: -int(r["extra"]))],
+            ),
+            tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
         )
+        bars = base.mark_bar(aria=False, color=OKABE_ITO[0]).encode(
+            x=alt.X("extra:Q", title=f"parameters beyond NoPE's {nope:,}")
+        )
+        # A bar of 0 (or 512 beside 131,072) has no width to see: every bar says its number.
+        zero = base.mark_tick(aria=False, color=OKABE_ITO[0], thickness=2).encode(x=alt.datum(0))
+        values = base.mark_text(aria=False, align="left", dx=5, fontSize=12).encode(
+            x="extra:Q", text="label:N"
+        )
+        chart = alt.layer(bars, zero, values, data=ROWS).properties(width=WIDE - 200, height=240)
         shown = ", ".join(f"{e} +{n - nope:,}" for e, n in counts.items() if e != "nope")
         return _spec(chart, rows), f"beyond NoPE's {nope:,}: {shown}"
 
@@ -2099,7 +2110,8 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
         "same model without positions. A learned table adds L_max x D; sinusoids, RoPE, xPos "
         "and ALiBi add none; T5 buckets and FIRE a few.",
         "posemb.lesson.claims.param_counts()",
-        "Horizontal bars: learned far ahead at 131,072, most others at zero.",
+        "Horizontal bars, each labelled with its count: learned far ahead at +131,072, T5 and "
+        "FIRE a few hundred, the others 0.",
         "vega",
         draw,
     )
@@ -2116,20 +2128,50 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
             {"row": i, "grad": _r(v), "where": kinds[i >= window]}
             for i, v in enumerate(norms.tolist())
         ]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
-            .encode(
-                x=alt.X("row:O", title="row of W_pos", axis=alt.Axis(values=list(range(0, 64, 8)))),
-                y=alt.Y("grad:Q", title="gradient norm"),
-                color=alt.Color("where:N", title=None, scale=_colors(kinds)),
-                tooltip=["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"],
-            )
-            .properties(width=460, height=200)
+        x = alt.X(
+            "row:O",
+            title="row of W_pos",
+            axis=alt.Axis(values=list(range(0, len(norms), 8)), labelAngle=0),
         )
+        tip = ["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"]
+        bars = (
+            alt.Chart()
+            .transform_filter("datum.grad > 0")
+            .mark_bar(aria=False, color=OKABE_ITO[0])
+            .encode(x=x, y=alt.Y("grad:Q", title="gradient norm"), tooltip=tip)
+        )
+        # A zero bar has no height: rows without gradient get a marker on the axis.
+        zeros = (
+            alt.Chart()
+            .transform_filter("datum.grad == 0")
+            .mark_point(aria=False, shape="diamond", filled=True, size=40, color=OKABE_ITO[1])
+            .encode(x=x, y="grad:Q", tooltip=tip)
+        )
+        top = _r(float(norms.max()))
+        past = [i for i, v in enumerate(norms.tolist()) if i >= window and v == 0]
+        notes = (
+            alt.Chart(
+                _data(
+                    [
+                        {
+                            "row": past[len(past) // 2] if past else window,
+                            "y": _r(top * 0.12),
+                            "label": f"rows {window}-{len(norms) - 1}: exactly 0"
+                            if len(past) == len(norms) - window
+                            else f"{len(past)} rows past the window: exactly 0",
+                        }
+                    ]
+                )
+            )
+            .mark_text(aria=False, fontSize=13, color=OKABE_ITO[1])
+            .encode(x=alt.X("row:O"), y="y:Q", text="label:N")
+        )
+        chart = alt.layer(bars, zeros, notes, data=ROWS).properties(width=WIDE - 100, height=220)
+        late = float(norms[window:].max())
         return _spec(chart, rows), (
-            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.2e}; "
-            f"largest of rows {window}-{len(norms) - 1}: {float(norms[window:].max()):.1e}"
+            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.3g}; "
+            f"largest of rows {window}-{len(norms) - 1}: "
+            + ("exactly 0" if late == 0 else f"{late:.3g}")
         )
 
     return _figure(
@@ -2140,7 +2182,8 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
         "windows: every row a window covers gets a gradient, every row past it exactly zero. "
         "Those rows stay at their random initialisation.",
         f"posemb.lesson.claims.learned_row_gradient_norms({window})",
-        "Bars of gradient norm for rows 0-15 and none for rows 16-63.",
+        "Bars of gradient norm for rows 0-15 and diamonds at zero, labelled exactly 0, for "
+        "rows 16-63.",
         "vega",
         draw,
     )
