@@ -162,6 +162,21 @@ def _sig(x: float | torch.Tensor, digits: int = 4) -> str:
     return f"{_r(x, digits):,g}"
 
 
+def _err(x: float) -> str:
+    """A difference that should be zero: its size, and whether it is float64 rounding."""
+    return f"{x:.1e}" + (" (equal up to float64 rounding)" if x < claims.EXACT else "")
+
+
+FONTS = {
+    "axis": {"labelFontSize": 12, "titleFontSize": 13},
+    "legend": {"labelFontSize": 12, "titleFontSize": 12, "labelLimit": 0},
+    "header": {"labelFontSize": 13, "titleFontSize": 13},
+    "title": {"fontSize": 14},
+    "text": {"fontSize": 12},
+}
+"""Every Vega chart's type sizes: at least 12 px, as the page's card shows them at 1:1."""
+
+
 def _r(x: float | torch.Tensor, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits: what a chart can show, and a small page."""
     return float(f"{float(x):.{digits}g}")
@@ -193,7 +208,11 @@ def _spec(chart: alt.TopLevelMixin | dict[str, Any], rows: list[dict[str, Any]])
             return [fill(v) for v in node]
         return node
 
-    return fill(spec)
+    spec = fill(spec)
+    config = spec.setdefault("config", {})
+    for part, sizes in FONTS.items():
+        config[part] = {**sizes, **config.get(part, {})}
+    return spec
 
 
 def _data(rows: list[dict[str, object]]) -> alt.Data:
@@ -501,7 +520,7 @@ def fig_permutation(summary: dict[str, Any]) -> Figure:
             .resolve_scale(x="independent", y="independent")
         )
         what = "P f(X) P^T" if square else "P f(X)"
-        return _spec(chart, rows), f"max |f(P X) - {what}| = {err:.1e}"
+        return _spec(chart, rows), f"max |f(P X) - {what}| = {_err(err)}"
 
     return _figure(
         "fig-permutation",
@@ -629,7 +648,7 @@ def fig_counting(summary: dict[str, Any]) -> Figure:
                 strokeDash=alt.StrokeDash("series:N", legend=None),
                 tooltip=["position:Q", alt.Tooltip("value:Q", format=".6f"), "series:N"],
             )
-            .properties(width=420, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         shown = ", ".join(f"{float(v):.4f}" for v in out[:6])
         return _spec(chart, rows), f"outputs at positions 0-5: {shown}"
@@ -935,7 +954,7 @@ def fig_offset_cosine(summary: dict[str, Any]) -> Figure:
                 y=alt.Y("cos:Q", title="cos(PE(p), PE(p+k))", scale=alt.Scale(domain=[-0.2, 1])),
                 tooltip=["k:Q", alt.Tooltip("cos:Q", format=".4f")],
             )
-            .properties(width=460, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         low = int(cos.argmin())
         return _spec(chart, rows), (
@@ -1089,7 +1108,7 @@ def fig_four_terms(summary: dict[str, Any]) -> Figure:
         )
         err = float((lhs - total).abs().max())
         shown = " + ".join(on) if on else "no term"
-        return _spec(chart, rows), f"{shown}: max |QK^T - sum| = {err:.4g}"
+        return _spec(chart, rows), f"{shown}: max |QK^T - sum| = {_err(err)}"
 
     controls = [
         Control(f"fig-four-terms-{name}", name, "toggle", ("off", "on"), 1)
@@ -1135,15 +1154,26 @@ def fig_norms(summary: dict[str, Any]) -> Figure:
             .mark_line(aria=False)
             .encode(
                 x=alt.X("row:Q", title="position / row"),
-                y=alt.Y("norm:Q", title="vector norm", scale=alt.Scale(type="log")),
-                color=alt.Color("series:N", title=None, scale=_colors(list(series))),
+                y=alt.Y(
+                    "norm:Q",
+                    title="vector norm",
+                    scale=alt.Scale(type="log"),
+                    axis=alt.Axis(values=[0.1, 0.3, 1, 3, 10, 30, 100]),
+                ),
+                color=alt.Color(
+                    "series:N",
+                    title=None,
+                    scale=_colors(list(series)),
+                    legend=alt.Legend(orient="bottom", direction="vertical"),
+                ),
                 tooltip=["series:N", "row:Q", alt.Tooltip("norm:Q", format=".4f")],
             )
-            .properties(width=460, height=240)
+            .properties(width=WIDE - 140, height=240)
         )
         return _spec(chart, rows), (
-            f"||PE(p)|| = {float(pe.min()):.6f} at every p (sqrt(d/2)); token rows mean "
-            f"{float(tokens.mean()):.2f}; learned rows mean {float(learned.mean()):.3f}"
+            f"||PE(p)|| = {_sig(pe.min())} at every p (sqrt(d/2) = {_sig(math.sqrt(d / 2))}, "
+            f"spread {_err(float(pe.max() - pe.min()))}); token rows mean "
+            f"{_sig(tokens.mean(), 3)}; learned rows mean {_sig(learned.mean(), 3)}"
         )
 
     return _figure(
@@ -1207,7 +1237,7 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
             .mark_point(aria=False, shape="cross", size=60, filled=True)
             .encode(y=alt.datum(0), color=alt.value(OKABE_ITO[1]))
         )
-        chart = (bars + missing).properties(width=460, height=200)
+        chart = (bars + missing).properties(width=WIDE - 140, height=200)
         v = looked[pick]
         text = (
             f"W_pos[{pick}] = {_vec(v[:4])[:-1]}, ...], norm {float(v.norm()):.4f}"
@@ -1583,7 +1613,8 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
             f"R_3 q = {_vec(q3)} ({math.degrees(_angle(q3)):.1f}°)",
             f"R_1 k = {_vec(k1)} ({math.degrees(_angle(k1)):.1f}°)",
             f"angle between = {between:.1f}° = (3 - 1) x 45°",
-            f"<R_3 q, R_1 k> = {dot:.1e}",
+            f"<R_3 q, R_1 k> = {dot:.1e}"
+            + (" (0 up to float64 rounding)" if abs(dot) < claims.EXACT else ""),
         ][i]
         if i >= 3:
             lines.append(("currentColor", f"between: {between:.1f}°"))
@@ -1859,12 +1890,31 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
             alt.Chart(ROWS)
             .mark_line(aria=False, point=alt.OverlayMarkDef(aria=False))
             .encode(
-                x=alt.X("position:Q", scale=alt.Scale(type="log", base=2), title="position"),
-                y=alt.Y("error:Q", scale=alt.Scale(type="log"), title="max |cos error|"),
-                color=alt.Color("method:N", title=None, scale=_colors(list(errs))),
+                x=alt.X(
+                    "position:Q",
+                    scale=alt.Scale(type="log", base=2),
+                    title="position",
+                    # Every fourth power of 2, and 2^20 (the lesson's million tokens) among them.
+                    axis=alt.Axis(
+                        values=[2**e for e in range(0, 25, 4)],
+                        labelExpr="'2^' + round(log(datum.value) / LN2)",
+                    ),
+                ),
+                y=alt.Y(
+                    "error:Q",
+                    scale=alt.Scale(type="log"),
+                    title="max |cos error|",
+                    axis=alt.Axis(values=[10.0**-e for e in range(0, 10)], format=".0e"),
+                ),
+                color=alt.Color(
+                    "method:N",
+                    title=None,
+                    scale=_colors(list(errs)),
+                    legend=alt.Legend(orient="top"),
+                ),
                 tooltip=["method:N", "position:Q", alt.Tooltip("error:Q", format=".2e")],
             )
-            .properties(width=460, height=240)
+            .properties(width=WIDE - 140, height=240)
         )
         at = pos.tolist().index(2**20)
         shown = "; ".join(f"{name} {float(t[at]):.1e}" for name, t in errs.items())
@@ -1918,10 +1968,12 @@ def fig_three_forms(summary: dict[str, Any]) -> Figure:
                 shape=alt.Shape("form:N", legend=None, sort=list(FORMS)),
                 tooltip=["form:N", "channel:O", alt.Tooltip("value:Q", format=".6f")],
             )
-            .properties(width=460, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         err = max(float((outs[FORMS[0]] - t).abs().max()) for t in outs.values())
-        return _spec(chart, rows), f"m = {m}: max difference between the three forms = {err:.1e}"
+        return _spec(chart, rows), (
+            f"m = {m}: max difference between the three forms = {_err(err)}"
+        )
 
     return _figure(
         "fig-three-forms",
@@ -1994,8 +2046,7 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
         det = float(torch.linalg.det(r))
         orth = float((r.T @ r - torch.eye(d, dtype=F64)).abs().max())
         return _spec(chart, rows), (
-            f"det R_m = {det:.6f} (error {abs(det - 1):.1e}); max |R_m^T R_m - I| = "
-            f"{orth:.1e}: a rotation, up to float64 rounding"
+            f"det R_m = {det:.6f} (error {abs(det - 1):.1e}); max |R_m^T R_m - I| = {_err(orth)}"
         )
 
     return _figure(
@@ -2049,7 +2100,7 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         labels = refs.mark_text(aria=False, align="left", dx=4, dy=-6, color=OKABE_ITO[1]).encode(
             text="label:N", x=alt.datum(0)
         )
-        chart = (bars + rules + labels).properties(width=460, height=240)
+        chart = (bars + rules + labels).properties(width=WIDE - 140, height=240)
         return _spec(chart, rows), (
             f"fastest pair: {float(lam[0]):.6f} steps per turn; slowest: {float(lam[-1]):,.1f}"
         )
