@@ -110,6 +110,7 @@ def test_readouts_are_what_posemb_computes(built):
     r = posemb.rotation_matrix(3, posemb.inv_freq(16, dtype=F64), posemb.Layout.HALF)
     det = float(torch.linalg.det(r))
     assert f"{det:.6f}" in by_id["fig-givens"].readouts[f"{figures.LAYOUTS[0]}|3"]
+    assert f"(error {abs(det - 1):.1e})" in by_id["fig-givens"].readouts[f"{figures.LAYOUTS[0]}|3"]
     assert (
         by_id["fig-toy-trace"]
         .readouts[figures.TRACE_STEPS[1]]
@@ -164,3 +165,41 @@ def test_unknown_figure_and_bad_controls_are_refused():
         figures.Control("c", "c", "knob", ("a",), 0)
     with pytest.raises(ValueError, match="default"):
         figures.Control("c", "c", "slider", ("a",), 1)
+
+
+def test_causal_figure_is_linear_and_says_whether_the_copies_agree(built):
+    fig = next(f for f in built if f.id == "fig-causal-same-token")
+    assert fig.readouts["no positions"].startswith("same weight at 1, 99, 599 back: yes")
+    assert fig.readouts["RoPE"].startswith("same weight at 1, 99, 599 back: no")
+    for spec in fig.states.values():
+        assert not any(n.get("type") == "log" for n in _walk(spec))
+        w = [r["w"] for r in spec["data"]["values"]]
+        # Not saturated: every weight within a factor 10 of uniform attention over 600 keys.
+        assert 1 / 6000 < min(w) and max(w) < 10 / 600
+
+
+def _trained_row(value):
+    return {"id": figures.TRAINED_CLAIM, "value": value}
+
+
+def test_trained_accuracy_draws_the_verify_rows_it_is_given(built):
+    default = next(f for f in built if f.id == "fig-trained-accuracy")
+    assert default.readouts[""].startswith("not measured in this build")
+    value = {"nope": [0.5, 0.5], "rope": [0.9375, 0.875], "bar": 0.7946}
+    rows = [{"id": "something.else", "value": 1.0}, _trained_row(value)]
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=rows)
+    assert "nope 0.500, rope 0.906" in fig.readouts[""]
+    assert "pass bar 0.795" in fig.readouts[""]
+    drawn = fig.states[""]["data"]["values"]
+    means = {r["encoding"]: r["acc"] for r in drawn if r["kind"] == "mean"}
+    assert means == {"nope": 0.5, "rope": pytest.approx(0.90625, rel=1e-3)}
+    assert sorted(r["acc"] for r in drawn if r["kind"] == "seed") == [0.5, 0.5, 0.875, 0.9375]
+    # Rows from a run without this claim (posemb verify --only ...): not measured.
+    other = figures.build_figure("fig-trained-accuracy", claim_rows=rows[:1])
+    assert other.readouts[""].startswith("not measured in this build")
+
+
+@pytest.mark.parametrize("value", [0.5, {"nope": [0.5]}, {"bar": 0.8}, {"nope": "x", "bar": 0.8}])
+def test_trained_accuracy_refuses_a_row_that_is_not_the_claims(value):
+    with pytest.raises(ValueError, match=figures.TRAINED_CLAIM):
+        figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])

@@ -23,6 +23,7 @@ import functools
 import itertools
 import math
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +147,36 @@ def _figure(
     )
 
 
+WIDE = 820
+"""Plot width of a full-width chart: the page shows figures in a ~930 px card."""
+
+
+def _sig(x: float | torch.Tensor, digits: int = 4) -> str:
+    """``x`` for a reader: ``digits`` significant digits, thousands separated, no exponent
+    between 1e-3 and 1e15 (61,343 rather than 6.134e+04)."""
+    x = float(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e15):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    return f"{_r(x, digits):,g}"
+
+
+def _err(x: float) -> str:
+    """A difference that should be zero: its size, and whether it is float64 rounding."""
+    return f"{x:.1e}" + (" (equal up to float64 rounding)" if x < claims.EXACT else "")
+
+
+FONTS = {
+    "axis": {"labelFontSize": 12, "titleFontSize": 13},
+    "legend": {"labelFontSize": 12, "titleFontSize": 12, "labelLimit": 0},
+    "header": {"labelFontSize": 13, "titleFontSize": 13},
+    "title": {"fontSize": 14},
+    "text": {"fontSize": 12},
+}
+"""Every Vega chart's type sizes: at least 12 px, as the page's card shows them at 1:1."""
+
+
 def _r(x: float | torch.Tensor, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits: what a chart can show, and a small page."""
     return float(f"{float(x):.{digits}g}")
@@ -177,7 +208,11 @@ def _spec(chart: alt.TopLevelMixin | dict[str, Any], rows: list[dict[str, Any]])
             return [fill(v) for v in node]
         return node
 
-    return fill(spec)
+    spec = fill(spec)
+    config = spec.setdefault("config", {})
+    for part, sizes in FONTS.items():
+        config[part] = {**sizes, **config.get(part, {})}
+    return spec
 
 
 def _data(rows: list[dict[str, object]]) -> alt.Data:
@@ -300,6 +335,7 @@ def _dial_face(cx: float, cy: float, r: float, ticks: int = 8) -> str:
 def _diverging_rgb(v: float, vmax: float) -> str:
     """Blue (negative) - light grey - orange (positive), the colours of :data:`DIVERGING`."""
     t = max(-1.0, min(1.0, v / vmax)) if vmax > 0 else 0.0
+    t = math.copysign(math.sqrt(abs(t)), t)  # small values visibly coloured, not near-white
     mid, end = (242, 242, 242), ((0, 114, 178) if t < 0 else (230, 159, 0))
     c = [round(m + abs(t) * (e - m)) for m, e in zip(mid, end, strict=True)]
     return "#{:02x}{:02x}{:02x}".format(*c)
@@ -319,46 +355,96 @@ def _vec(v: torch.Tensor) -> str:
 ENCODING_NAMES = {"no positions": "none", "sinusoidal": "sinusoidal", "RoPE": "rope"}
 
 
+BLENDER_CELL = 26  # px per channel: 16 channels make a 416 px strip
+
+
+def _diverging_legend(x: float, y: float, vmax: float, width: float = 320) -> str:
+    """A colour bar for :func:`_diverging_rgb` from -vmax to vmax, with numbers under it."""
+    steps = 64
+    w = round(width / steps + 0.5, 2)  # a hair wider: no gaps between the slices
+    body = [
+        f'<rect x="{round(x + i * width / steps, 2)}" y="{y}" width="{w}" height="14" '
+        f'fill="{_diverging_rgb(vmax * (2 * i / (steps - 1) - 1), vmax)}"/>'
+        for i in range(steps)
+    ]
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        tx = round(x + frac * width, 2)
+        body.append(
+            f'<line x1="{tx}" y1="{y + 14}" x2="{tx}" y2="{y + 19}" stroke="currentColor"/>'
+            f'<text x="{tx}" y="{y + 32}" text-anchor="middle">{vmax * (2 * frac - 1):.2g}</text>'
+        )
+    return "".join(body)
+
+
 def fig_blender(summary: dict[str, Any]) -> Figure:
     """Per-word outputs of one attention layer for 'dog bites man' and 'man bites dog'."""
     outs = claims.dog_bites_man_outputs()
     words = claims.DOG_BITES_MAN
     vmax = max(float(t.abs().max()) for pair in outs.values() for t in pair)
+    cell, x0, y0, block = BLENDER_CELL, 200, 56, 3 * (BLENDER_CELL + 6) + 26
+    channels = next(iter(outs.values()))[0].shape[1]
+
+    def strip(x: float, y: float, row: list[float], blank_below: float | None = None) -> str:
+        out = []
+        for j, v in enumerate(row):
+            if blank_below is not None and abs(v) < blank_below:
+                fill = 'fill="none" stroke="currentColor" stroke-opacity="0.25"'
+            else:
+                fill = f'fill="{_diverging_rgb(v, vmax)}" stroke="#ffffff" stroke-width="0.5"'
+            out.append(
+                f'<rect x="{x + j * cell}" y="{y}" width="{cell}" height="{cell}" {fill}>'
+                f"<title>channel {j}: {v:.4g}</title></rect>"
+            )
+        return "".join(out)
 
     def draw(encoding: str) -> tuple[object, str]:
         out_a, out_b = outs[ENCODING_NAMES[encoding]]
-        cell, x0, y0 = 9, 150, 40
         body = [
-            f'<text x="4" y="14" font-weight="bold">each word\'s output, {encoding}</text>',
-            '<text x="4" y="28" font-size="10">16 channels: blue negative, orange positive</text>',
+            f'<text x="4" y="18" font-weight="bold" font-size="15">each word\'s output, '
+            f"{escape(encoding)}</text>",
+            f'<text x="4" y="38" font-size="13">{channels} channels per word; the third row is '
+            "the difference (blank where the two are identical)</text>",
         ]
         for w, word in enumerate(words):
-            y = y0 + w * 62
-            body.append(f'<text x="4" y="{y + 22}" font-weight="bold">{word}</text>')
-            ia, ib = w, len(words) - 1 - w  # the word's row in each sentence
-            for s, (label, row) in enumerate(
-                (("in 'dog bites man'", out_a[ia]), ("in 'man bites dog'", out_b[ib]))
-            ):
-                yy = y + s * (cell + 6)
-                body.append(f'<text x="52" y="{yy + 8}" font-size="10">{label}</text>')
-                body.extend(
-                    f'<rect x="{x0 + j * cell}" y="{yy}" width="{cell}" height="{cell}" '
-                    f'fill="{_diverging_rgb(float(v), vmax)}"/>'
-                    for j, v in enumerate(row.tolist())
-                )
-            diff = float((out_a[ia] - out_b[ib]).abs().max())
+            y = y0 + w * block
             body.append(
-                f'<text x="{x0 + 16 * cell + 10}" y="{y + 14}" font-size="11">'
-                f"largest change {diff:.2g}</text>"
+                f'<text x="4" y="{y + cell * 1.5 + 10}" font-weight="bold" font-size="15">'
+                f"{word}</text>"
             )
+            ia, ib = w, len(words) - 1 - w  # the word's row in each sentence
+            a, b = out_a[ia].tolist(), out_b[ib].tolist()
+            diff = [u - v for u, v in zip(a, b, strict=True)]
+            for s_, (label, row, blank) in enumerate(
+                (
+                    ("in 'dog bites man'", a, None),
+                    ("in 'man bites dog'", b, None),
+                    ("difference", diff, claims.EXACT),
+                )
+            ):
+                yy = y + s_ * (cell + 6)
+                body.append(
+                    f'<text x="{x0 - 8}" y="{yy + cell * 0.7}" font-size="13" '
+                    f'text-anchor="end">{escape(label)}</text>'
+                )
+                body.append(strip(x0, yy, row, blank))
+            largest = max(abs(v) for v in diff)
+            body.append(
+                f'<text x="{x0 + channels * cell + 10}" y="{y + 2 * (cell + 6) + cell * 0.7}" '
+                f'font-size="13">largest {largest:.3g}</text>'
+            )
+        ly = y0 + len(words) * block
+        body.append(f'<text x="4" y="{ly + 12}" font-size="13">output value</text>')
+        body.append(_diverging_legend(x0, ly, vmax))
         change = claims.word_change(out_a, out_b)
         svg = _svg(
-            340 + 16 * cell,
-            y0 + 62 * len(words),
-            f"Attention outputs of dog, bites and man in both sentences, {encoding}",
+            x0 + channels * cell + 110,
+            ly + 44,
+            f"Attention outputs of dog, bites and man in both sentences and their difference, "
+            f"{encoding}",
             "".join(body),
         )
-        return svg, f"largest per-word change between the sentences = {change:.3g}"
+        words_ = " (zero up to float64 rounding)" if change < claims.EXACT else ""
+        return svg, f"largest per-word change between the sentences = {change:.3g}{words_}"
 
     return _figure(
         "fig-blender",
@@ -366,11 +452,12 @@ def fig_blender(summary: dict[str, Any]) -> Figure:
         "The blender: the same words, the same outputs",
         "One self-attention layer (random embeddings and projections, float64) reads 'dog bites "
         "man' and 'man bites dog'. Without positions each word gets exactly the same output in "
-        "both sentences: attention only reordered the rows. Sinusoidal or rotary positions make "
-        "the outputs differ.",
+        "both sentences (the difference rows stay blank): attention only reordered the rows. "
+        "Sinusoidal or rotary positions make the outputs differ.",
         "posemb.lesson.claims.dog_bites_man_outputs()",
-        "Colour strips of each word's 16-channel attention output in both sentences; identical "
-        "strips without positions, different ones with sinusoidal or RoPE positions.",
+        "Colour strips of each word's 16-channel attention output in both sentences, and a "
+        "third strip of their difference: blank without positions, coloured with sinusoidal or "
+        "RoPE positions. A colour bar gives the values.",
         "svg",
         draw,
         [Control("fig-blender-encoding", "positions", "toggle", tuple(ENCODING_NAMES), 0)],
@@ -433,7 +520,7 @@ def fig_permutation(summary: dict[str, Any]) -> Figure:
             .resolve_scale(x="independent", y="independent")
         )
         what = "P f(X) P^T" if square else "P f(X)"
-        return _spec(chart, rows), f"max |f(P X) - {what}| = {err:.1e}"
+        return _spec(chart, rows), f"max |f(P X) - {what}| = {_err(err)}"
 
     return _figure(
         "fig-permutation",
@@ -451,10 +538,19 @@ def fig_permutation(summary: dict[str, Any]) -> Figure:
     )
 
 
+CAUSAL_LOGIT_STD = 1.0
+"""Spread of the last query's logits after :func:`fig_causal_same_token` scales q and k: the
+raw logits spread so widely that softmax puts nearly all weight on one key (and 1e-10 on the
+token's own copies); at 1 every weight stays within a factor ~10 of 1/600, on a linear axis."""
+
+
 def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
     """Causal attention weights of the last token over 599 earlier ones."""
     q, k = claims.causal_same_token_qk()
     t = q.shape[0]
+    # One factor for q and k alike: the same token still meets the same key, scaled.
+    scale = math.sqrt(CAUSAL_LOGIT_STD / float((k[:-1] @ q[-1]).std()))
+    q, k = q * scale, k * scale
     rotary = rope.RotaryEmbedding(q.shape[1])
     back = {pos: t - 1 - pos for pos in claims.SAME_TOKEN_AT}
 
@@ -470,39 +566,58 @@ def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
                 "key": "the same token" if j in back else "other tokens",
             }
             for j in range(t - 1)
-            # Every key within 50 steps, then every fifth: the page stays small and the log
-            # axis crowds the far keys anyway. The three copies are always drawn.
+            # Every key within 50 steps, then every fifth: the page stays small. The three
+            # copies are always drawn.
             if j in back or t - 1 - j <= 50 or (t - 1 - j) % 5 == 0
         ]
         base = alt.Chart(ROWS).encode(
-            x=alt.X("back:Q", title="steps back", scale=alt.Scale(type="log")),
-            y=alt.Y("w:Q", title="attention weight of the last token", scale=alt.Scale(type="log")),
+            x=alt.X(
+                "back:Q", title="steps back from the last token", scale=alt.Scale(domain=[0, t])
+            ),
+            y=alt.Y("w:Q", title="attention weight of the last token"),
             color=alt.Color("key:N", title=None, scale=_colors(["the same token", "other tokens"])),
-            tooltip=["back:Q", alt.Tooltip("w:Q", format=".3e"), "key:N"],
+            tooltip=["back:Q", alt.Tooltip("w:Q", format=".4g"), "key:N"],
         )
         others = base.transform_filter("datum.key == 'other tokens'").mark_point(
-            aria=False, filled=True, size=8
+            aria=False, filled=True, size=14, opacity=0.6
         )
         same = base.transform_filter("datum.key == 'the same token'").mark_point(
-            aria=False, filled=True, size=120
+            aria=False, filled=True, size=160, shape="diamond"
         )
-        chart = (others + same).properties(width=460, height=240)
+        uniform = alt.Chart(_data([{"w": _r(1 / t), "label": f"1/{t} (every key alike)"}])).encode(
+            y="w:Q"
+        )
+        rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            tooltip=["label:N"]
+        )
+        label = uniform.mark_text(
+            aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
+        ).encode(x=alt.datum(t), text="label:N")
+        chart = (rule + label + others + same).properties(width=WIDE - 140, height=260)
         w = [float(probs[pos]) for pos in claims.SAME_TOKEN_AT]
         spread = (max(w) - min(w)) / w[0]
-        shown = ", ".join(f"{back[pos]} back: {v:.4e}" for pos, v in zip(back, w, strict=True))
-        return _spec(chart, rows), f"same token {shown} (relative spread {spread:.1e})"
+        equal = spread < claims.EXACT
+        steps = ", ".join(str(back[pos]) for pos in claims.SAME_TOKEN_AT)
+        shown = ", ".join(f"{v:.3g}" for v in w)
+        return _spec(chart, rows), (
+            f"same weight at {steps} back: {'yes' if equal else 'no'} ({shown}; relative "
+            f"spread {spread:.1e}" + (", zero up to float64 rounding)" if equal else ")")
+        )
 
     return _figure(
         "fig-causal-same-token",
         1,
         "A causal mask does not tell near from far",
         "The last of 600 random tokens attends causally to the 599 before it; its own token also "
-        "sits 1, 99 and 599 steps back. Without positions those three get exactly the same "
-        "weight: the mask hides the future but gives no distance. With RoPE they differ. (Other "
-        "keys: all within 50 steps, then every fifth.)",
+        "sits 1, 99 and 599 steps back (diamonds). Without positions those three get exactly the "
+        "same weight: the mask hides the future but gives no distance. With RoPE they differ. "
+        f"(q and k are scaled by one factor so the logits spread by {CAUSAL_LOGIT_STD}: the "
+        "weights stay near 1/600 instead of one key taking all. Other keys: all within 50 steps, "
+        "then every fifth.)",
         "posemb.attention_probs(q, k, causal=True) on posemb.lesson.claims.causal_same_token_qk()",
-        "Scatter of attention weight against steps back (log scale), the three copies of the "
-        "token highlighted; they sit at one height without positions.",
+        "Scatter of attention weight against steps back on linear axes, the three copies of the "
+        "token as large diamonds; they sit at one height without positions and at three "
+        "heights with RoPE.",
         "vega",
         draw,
         [Control("fig-causal-encoding", "positions", "toggle", ("no positions", "RoPE"), 0)],
@@ -533,7 +648,7 @@ def fig_counting(summary: dict[str, Any]) -> Figure:
                 strokeDash=alt.StrokeDash("series:N", legend=None),
                 tooltip=["position:Q", alt.Tooltip("value:Q", format=".6f"), "series:N"],
             )
-            .properties(width=420, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         shown = ", ".join(f"{float(v):.4f}" for v in out[:6])
         return _spec(chart, rows), f"outputs at positions 0-5: {shown}"
@@ -627,6 +742,159 @@ def fig_trained_attention(summary: dict[str, Any]) -> Figure:
     )
 
 
+ACCURACY_WIDTH = WIDE - 120  # room on the right for the rules' labels
+TRAINED_CLAIM = "attention.dog_bites_man.trained"
+"""The claim whose measured accuracies :func:`fig_trained_accuracy` draws."""
+
+
+def _trained_accuracies(
+    claim_rows: Sequence[dict[str, Any]] | None,
+) -> tuple[dict[str, list[float]], float] | None:
+    """(accuracy per encoding, one per seed; the pass bar) from the claim's ``posemb verify``
+    row, or None when the rows do not include it.
+
+    Raises:
+        ValueError: the row's ``value`` is not what the claim measures.
+    """
+    row = next((r for r in claim_rows or () if r.get("id") == TRAINED_CLAIM), None)
+    if row is None:
+        return None
+    value = row.get("value")
+    ok = isinstance(value, dict) and isinstance(value.get("bar"), (int, float))
+    acc = {k: v for k, v in value.items() if k != "bar"} if ok else {}
+    if (
+        not ok
+        or not acc
+        or not all(
+            isinstance(v, list) and v and all(isinstance(a, (int, float)) for a in v)
+            for v in acc.values()
+        )
+    ):
+        raise ValueError(
+            f"claim row {TRAINED_CLAIM}: value must be {{encoding: [accuracy per seed], "
+            f"'bar': number}}, got {value!r}"
+        )
+    return {k: [float(a) for a in v] for k, v in acc.items()}, float(value["bar"])
+
+
+def fig_trained_accuracy(
+    summary: dict[str, Any], claim_rows: Sequence[dict[str, Any]] | None = None
+) -> Figure:
+    """Held-out accuracy of the dog-bites-man encoder per encoding, from ``posemb verify``."""
+    from ..lab import dog_bites_man as dbm
+
+    got = _trained_accuracies(claim_rows)
+    # Training every encoding on every seed takes minutes: the build reads what posemb
+    # verify measured, or says it did not measure it.
+    bar = (
+        got[1]
+        if got
+        else claims._above_chance(claims._independent_answers(len(dbm.make_data(0).test_y)))
+    )
+    encodings = list(got[0]) if got else list(dbm.ENCODINGS)
+
+    def draw() -> tuple[object, str]:
+        rows: list[dict[str, object]] = []
+        if got:
+            for e, accs in got[0].items():
+                mean = statistics.fmean(accs)
+                rows.append(
+                    {"encoding": e, "acc": _r(mean), "label": f"{mean:.3f}", "kind": "mean"}
+                    | {"seeds": len(accs), "above": "yes" if min(accs) > bar else "no"}
+                )
+                rows += [{"encoding": e, "acc": _r(a), "kind": "seed"} for a in accs]
+        x = alt.X(
+            "encoding:N",
+            title=None,
+            sort=encodings,
+            scale=alt.Scale(domain=encodings),
+            axis=alt.Axis(labelAngle=0),
+        )
+        y_scale = alt.Scale(domain=[0, 1.08])
+        y = alt.Y("acc:Q", title="held-out accuracy", scale=y_scale)
+        base = alt.Chart().encode(x=x)  # the rows come once, with the layer
+        bars = (
+            base.transform_filter("datum.kind == 'mean'")
+            .mark_bar(aria=False, width={"band": 0.6})
+            .encode(
+                y=y,
+                color=alt.Color(
+                    "above:N",
+                    title="every seed above the pass bar",
+                    scale=alt.Scale(domain=["yes", "no"], range=[OKABE_ITO[0], OKABE_ITO[7]]),
+                    legend=alt.Legend(orient="top"),
+                ),
+                tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f"), "seeds:Q"],
+            )
+        )
+        labels = (
+            base.transform_filter("datum.kind == 'mean'")
+            .mark_text(aria=False, baseline="bottom", dy=-3, fontSize=12)
+            .encode(y="acc:Q", text="label:N")
+        )
+        seeds = (
+            base.transform_filter("datum.kind == 'seed'")
+            .mark_point(aria=False, shape="circle", filled=True, size=30, color=OKABE_ITO[6])
+            .encode(y="acc:Q", tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f")])
+        )
+        refs = alt.Chart(
+            _data(
+                [
+                    {"y": dbm.CHANCE, "label": f"chance {dbm.CHANCE}"},
+                    {"y": _r(bar), "label": f"pass bar {bar:.3f}"},
+                ]
+            )
+        ).encode(y=alt.Y("y:Q", title="held-out accuracy", scale=y_scale))
+        rules = refs.mark_rule(aria=False, strokeDash=[5, 3], color=OKABE_ITO[1]).encode(
+            tooltip=["label:N"]
+        )
+        # Labelled beside the plot, where no bar covers them.
+        rule_labels = refs.mark_text(
+            aria=False, align="left", baseline="middle", dx=6, color=OKABE_ITO[1], fontSize=12
+        ).encode(x=alt.value(ACCURACY_WIDTH), text="label:N")
+        layers = [rules, rule_labels]
+        if got:
+            layers = [bars, seeds, labels, *layers]
+        else:
+            # The x axis still names every encoding, with nothing above it.
+            layers.append(base.mark_tick(aria=False, opacity=0).encode(y=alt.datum(0)))
+            layers.append(
+                alt.Chart(_data([{"t": "not measured in this build"}]))
+                .mark_text(aria=False, fontSize=16, color=OKABE_ITO[6])
+                .encode(x=alt.value(ACCURACY_WIDTH / 2), y=alt.value(30), text="t:N")
+            )
+        chart = alt.layer(*layers, data=ROWS).properties(width=ACCURACY_WIDTH, height=260)
+        if not got:
+            # A chart with no rows still needs its x domain: the encodings, from posemb.
+            rows = [{"encoding": e, "kind": "none"} for e in encodings]
+            return _spec(chart, rows), (
+                f"not measured in this build: the page builder passes posemb verify's rows "
+                f"(claim {TRAINED_CLAIM}); chance {dbm.CHANCE}, pass bar {bar:.3f}"
+            )
+        shown = ", ".join(f"{e} {statistics.fmean(a):.3f}" for e, a in got[0].items())
+        n_seeds = len(next(iter(got[0].values())))
+        return _spec(chart, rows), (
+            f"held-out accuracy, mean of {n_seeds} seeds: {shown}; chance {dbm.CHANCE}, "
+            f"pass bar {bar:.3f}"
+        )
+
+    return _figure(
+        "fig-trained-accuracy",
+        1,
+        "Trained on 'A verb B': only positions get past chance",
+        "The one-layer encoder of posemb verify learns to say who acts in 'A verb B' (16 "
+        "entities, pairs held out), once per encoding and seed: bars are the mean held-out "
+        "accuracy, dots the seeds. Without positions it stays at chance (0.5) on every seed; "
+        "every encoding clears the pass bar, five standard errors of a coin above chance. The "
+        "numbers are those of posemb verify's run.",
+        f"posemb.lab.dog_bites_man.accuracy_over_seeds() (posemb verify, claim {TRAINED_CLAIM})",
+        "Bars of held-out accuracy per encoding with a dashed chance line at 0.5 and a dashed "
+        "pass bar near 0.8; NoPE's bar stops at chance, the others reach about 1.",
+        "vega",
+        draw,
+    )
+
+
 # --- screen 2: additive positions ----------------------------------------------------------------
 
 
@@ -686,7 +954,7 @@ def fig_offset_cosine(summary: dict[str, Any]) -> Figure:
                 y=alt.Y("cos:Q", title="cos(PE(p), PE(p+k))", scale=alt.Scale(domain=[-0.2, 1])),
                 tooltip=["k:Q", alt.Tooltip("cos:Q", format=".4f")],
             )
-            .properties(width=460, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         low = int(cos.argmin())
         return _spec(chart, rows), (
@@ -712,45 +980,104 @@ def fig_offset_cosine(summary: dict[str, Any]) -> Figure:
 DIMS = ("2", "8", "32", "128", "512", "2048", "4096")
 
 
+COSINE_BIN = 0.25  # bin width in units of 1/sqrt(d): the bars keep their shape as d grows
+COSINE_TOP = 0.2  # one y scale for every d (the tallest bar, at d = 2, is 0.19)
+COSINE_SPAN = 4.5  # bins cover +-4.5/sqrt(d) (clipped to [-1, 1]): every cosine of 500 pairs
+
+
 def fig_random_cosines(summary: dict[str, Any]) -> Figure:
-    """Histogram of cosines of random vector pairs, by dimension."""
-    n, bins = 500, 40
+    """Histogram of cosines of random vector pairs, by dimension, beside N(0, 1/d)."""
+    n = 500
 
     def draw(dim: str) -> tuple[object, str]:
         d = int(dim)
+        sigma = 1 / math.sqrt(d)
         cos = claims.random_cosines(d, n)
-        counts = torch.histc(cos, bins=bins, min=-1.0, max=1.0)
+        width = COSINE_BIN * sigma
+        half = math.ceil(min(1.0, COSINE_SPAN * sigma) / width)
+        edges = [max(-1.0, min(1.0, (i - half) * width)) for i in range(2 * half + 1)]
+        counts = torch.histc(cos, bins=2 * half, min=-half * width, max=half * width)
         rows = [
-            {"lo": _r(-1 + 2 * i / bins), "hi": _r(-1 + 2 * (i + 1) / bins), "n": int(c)}
-            for i, c in enumerate(counts.tolist())
+            {"lo": _r(lo, 3), "hi": _r(hi, 3), "f": _r(c / n, 3), "n": int(c), "kind": "bar"}
+            for lo, hi, c in zip(edges[:-1], edges[1:], counts.tolist(), strict=True)
         ]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
+        # The normal density N(0, 1/d), as the fraction of pairs expected in one bin.
+        xs = [-1 + 2 * i / 400 for i in range(401)]
+        rows += [
+            {
+                "x": _r(x, 3),
+                "f": _r(
+                    width * math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)), 3
+                ),
+                "kind": "curve",
+            }
+            for x in xs
+            if abs(x) <= min(1.0, COSINE_SPAN * sigma)
+        ]
+        x_scale = alt.Scale(domain=[-1, 1])
+        base = alt.Chart(ROWS)
+        bars = (
+            base.transform_filter("datum.kind == 'bar'")
+            .mark_bar(aria=False, color=OKABE_ITO[0], opacity=0.85, stroke="white", strokeWidth=0.3)
             .encode(
                 x=alt.X(
-                    "lo:Q", title="cosine of two random vectors", scale=alt.Scale(domain=[-1, 1])
+                    "lo:Q",
+                    title="cosine of two random vectors",
+                    scale=x_scale,
+                    axis=alt.Axis(values=[i / 4 for i in range(-4, 5)], format=".2~f"),
                 ),
                 x2="hi:Q",
-                y=alt.Y("n:Q", title=f"pairs of {n}"),
-                tooltip=["lo:Q", "hi:Q", "n:Q"],
+                y=alt.Y(
+                    "f:Q",
+                    title=f"fraction of {n} pairs per bin",
+                    scale=alt.Scale(domain=[0, max(COSINE_TOP, max(r["f"] for r in rows))]),
+                ),
+                y2=alt.datum(0),
+                tooltip=[
+                    alt.Tooltip("lo:Q", title="from"),
+                    alt.Tooltip("hi:Q", title="to"),
+                    alt.Tooltip("n:Q", title="pairs"),
+                ],
             )
-            .properties(width=420, height=200)
         )
+        curve = (
+            base.transform_filter("datum.kind == 'curve'")
+            .mark_line(aria=False, color=OKABE_ITO[1], strokeWidth=2)
+            .encode(x="x:Q", y="f:Q")
+        )
+        sd = alt.Chart(
+            _data(
+                [
+                    {"x": _r(-sigma), "label": "", "tip": "-1/√d"},
+                    {"x": _r(sigma), "label": f"±1/√d = ±{sigma:.3g}", "tip": "+1/√d"},
+                ]
+            )
+        ).encode(x="x:Q")
+        rules = sd.mark_rule(aria=False, strokeDash=[4, 3], color=OKABE_ITO[6]).encode(
+            tooltip=["tip:N", "x:Q"]
+        )
+        labels = sd.mark_text(
+            aria=False, align="left", dx=3, baseline="top", y=2, fontSize=12
+        ).encode(text="label:N")
+        chart = (bars + curve + rules + labels).properties(width=WIDE - 80, height=240)
+        std = float(cos.std())
         return _spec(chart, rows), (
-            f"d = {d}: std of the cosines {float(cos.std()):.4f}; "
-            f"1/sqrt(d) = {1 / math.sqrt(d):.4f}"
+            f"d = {d}: std of the cosines {std:.4f}; 1/sqrt(d) = {sigma:.4f} (ratio "
+            f"{std / sigma:.3f}); bins {width:.3g} wide"
         )
 
     return _figure(
         "fig-random-cosines",
         2,
         "Random directions are nearly orthogonal in high dimensions",
-        "Cosines of 500 pairs of random Gaussian vectors. In 2 dimensions they spread over "
-        "[-1, 1]; as d grows they crowd around 0 with standard deviation about 1/sqrt(d), which "
-        "is why a position vector and a token vector barely interfere.",
+        "Cosines of 500 pairs of random Gaussian vectors, as the fraction of pairs in each bin "
+        "(bins a quarter of 1/sqrt(d) wide, so every d has the same number of bars), with the "
+        "normal curve N(0, 1/d) in orange and dashed lines at ±1/sqrt(d). In 2 dimensions they "
+        "spread over [-1, 1]; as d grows they crowd around 0 with standard deviation about "
+        "1/sqrt(d), which is why a position vector and a token vector barely interfere.",
         "posemb.lesson.claims.random_cosines(d, 500)",
-        "Histogram of cosines that narrows around zero as the dimension slider grows.",
+        "Histogram of cosines that narrows around zero as the dimension slider grows, following "
+        "a normal curve of standard deviation 1/sqrt(d).",
         "vega",
         draw,
         [Control("fig-random-cosines-dim", "dimension d", "slider", DIMS, DIMS.index("512"))],
@@ -781,7 +1108,7 @@ def fig_four_terms(summary: dict[str, Any]) -> Figure:
         )
         err = float((lhs - total).abs().max())
         shown = " + ".join(on) if on else "no term"
-        return _spec(chart, rows), f"{shown}: max |QK^T - sum| = {err:.4g}"
+        return _spec(chart, rows), f"{shown}: max |QK^T - sum| = {_err(err)}"
 
     controls = [
         Control(f"fig-four-terms-{name}", name, "toggle", ("off", "on"), 1)
@@ -827,15 +1154,26 @@ def fig_norms(summary: dict[str, Any]) -> Figure:
             .mark_line(aria=False)
             .encode(
                 x=alt.X("row:Q", title="position / row"),
-                y=alt.Y("norm:Q", title="vector norm", scale=alt.Scale(type="log")),
-                color=alt.Color("series:N", title=None, scale=_colors(list(series))),
+                y=alt.Y(
+                    "norm:Q",
+                    title="vector norm",
+                    scale=alt.Scale(type="log"),
+                    axis=alt.Axis(values=[0.1, 0.3, 1, 3, 10, 30, 100]),
+                ),
+                color=alt.Color(
+                    "series:N",
+                    title=None,
+                    scale=_colors(list(series)),
+                    legend=alt.Legend(orient="bottom", direction="vertical"),
+                ),
                 tooltip=["series:N", "row:Q", alt.Tooltip("norm:Q", format=".4f")],
             )
-            .properties(width=460, height=240)
+            .properties(width=WIDE - 140, height=240)
         )
         return _spec(chart, rows), (
-            f"||PE(p)|| = {float(pe.min()):.6f} at every p (sqrt(d/2)); token rows mean "
-            f"{float(tokens.mean()):.2f}; learned rows mean {float(learned.mean()):.3f}"
+            f"||PE(p)|| = {_sig(pe.min())} at every p (sqrt(d/2) = {_sig(math.sqrt(d / 2))}, "
+            f"spread {_err(float(pe.max() - pe.min()))}); token rows mean "
+            f"{_sig(tokens.mean(), 3)}; learned rows mean {_sig(learned.mean(), 3)}"
         )
 
     return _figure(
@@ -899,7 +1237,7 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
             .mark_point(aria=False, shape="cross", size=60, filled=True)
             .encode(y=alt.datum(0), color=alt.value(OKABE_ITO[1]))
         )
-        chart = (bars + missing).properties(width=460, height=200)
+        chart = (bars + missing).properties(width=WIDE - 140, height=200)
         v = looked[pick]
         text = (
             f"W_pos[{pick}] = {_vec(v[:4])[:-1]}, ...], norm {float(v.norm()):.4f}"
@@ -927,6 +1265,13 @@ FACTORS = ("1", "2", "4", "8", "16", "32")
 SCALING_DIM, SCALING_BASE, SCALING_LEN = 128, 500000.0, 8192  # Llama 3.1's head and schedule
 
 
+SCALING_METHODS = ("default", "PI (linear)", "NTK", "YaRN", "Llama 3")
+SCALING_DASHES = ([1, 0], [10, 4], [2, 3], [1, 0], [6, 3, 1, 3])
+SCALING_WIDTHS = (2, 2, 2.5, 5, 2)  # YaRN wide and under the others: Llama 3 runs along it
+SCALING_MIDDLE_PAIR = 32  # the middle pair: where YaRN's and Llama 3's ramps disagree
+CHANGED = 1e-9  # relative change of a wavelength that counts as "changed" (float64 rounding)
+
+
 def fig_scaling(summary: dict[str, Any]) -> Figure:
     """How PI, NTK, YaRN and Llama 3 remap each pair's wavelength at a factor s."""
 
@@ -949,18 +1294,38 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
                 "method": name,
                 "wavelength": _r(2 * math.pi / float(inv[i])),
                 "ratio": _r(float(default[i] / inv[i])),
+                "w": SCALING_WIDTHS[SCALING_METHODS.index(name)],
             }
-            for name, (inv, _) in got.items()
+            # YaRN first: its wide line is drawn under Llama 3's, which runs along it.
+            for name, (inv, _) in sorted(got.items(), key=lambda kv: kv[0] != "YaRN")
             for i in range(inv.shape[0])
         ]
+        top = max(r["wavelength"] for r in rows)
+        decades = [10**e for e in range(0, math.ceil(math.log10(top)) + 1)]
         lines = (
             alt.Chart(ROWS)
             .mark_line(aria=False)
             .encode(
-                x=alt.X("pair:Q", title="pair i"),
-                y=alt.Y("wavelength:Q", title="wavelength (tokens)", scale=alt.Scale(type="log")),
-                color=alt.Color("method:N", title=None, scale=_colors(list(got))),
-                strokeDash=alt.StrokeDash("method:N", legend=None),
+                x=alt.X("pair:Q", title="pair i (0 turns fastest)"),
+                y=alt.Y(
+                    "wavelength:Q",
+                    title="wavelength (tokens per turn)",
+                    scale=alt.Scale(type="log"),
+                    axis=alt.Axis(values=decades, format="~s"),
+                ),
+                color=alt.Color(
+                    "method:N",
+                    title="schedule",
+                    scale=_colors(SCALING_METHODS),
+                    sort=list(SCALING_METHODS),
+                ),
+                strokeDash=alt.StrokeDash(
+                    "method:N",
+                    title="schedule",
+                    scale=alt.Scale(domain=list(SCALING_METHODS), range=list(SCALING_DASHES)),
+                    sort=list(SCALING_METHODS),
+                ),
+                strokeWidth=alt.StrokeWidth("w:Q", scale=None, legend=None),
                 tooltip=[
                     "method:N",
                     "pair:Q",
@@ -969,20 +1334,34 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
                 ],
             )
         )
-        rule = (
-            alt.Chart(_data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN}"}]))
-            .mark_rule(aria=False, strokeDash=[4, 4], color="gray")
-            .encode(y="y:Q", tooltip=["label:N"])
+        trained = alt.Chart(
+            _data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN:,} tokens"}])
+        ).encode(y="y:Q")
+        rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            tooltip=["label:N"]
         )
-        chart = (lines + rule).properties(width=460, height=260)
+        label = trained.mark_text(
+            aria=False, align="left", baseline="bottom", dx=4, dy=-3, color="gray", fontSize=12
+        ).encode(x=alt.datum(0), text="label:N")
+        chart = (
+            (lines + rule + label)
+            .properties(width=WIDE - 140, height=300)
+            .configure_axis(grid=True, gridOpacity=0.5)
+        )
         last = SCALING_DIM // 2 - 1
-        slow = ", ".join(
-            f"{name} {2 * math.pi / float(inv[last]):,.0f}" for name, (inv, _) in got.items()
+        changed = ", ".join(
+            f"{name} {int(((inv - default).abs() > CHANGED * default).sum())}"
+            for name, (inv, _) in got.items()
+            if name != "default"
+        )
+        mid = ", ".join(
+            f"{name} {2 * math.pi / float(inv[SCALING_MIDDLE_PAIR]):,.0f}"
+            for name, (inv, _) in got.items()
         )
         yarn_factor = got["YaRN"][1]
         return _spec(chart, rows), (
-            f"s = {factor}: slowest pair's wavelength {slow}; YaRN attention factor "
-            f"{yarn_factor:.4f}"
+            f"s = {factor}: pairs changed (of {last + 1}): {changed}; pair "
+            f"{SCALING_MIDDLE_PAIR}'s wavelength: {mid}; YaRN attention factor {yarn_factor:.4f}"
         )
 
     return _figure(
@@ -991,12 +1370,13 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
         "Stretching RoPE's clocks for longer contexts",
         f"Wavelength of each of the {SCALING_DIM // 2} pairs of a head_dim {SCALING_DIM}, base "
         f"{SCALING_BASE:,.0f} RoPE (Llama 3.1's) after each scaling with factor s, trained "
-        f"length {SCALING_LEN}. PI stretches every pair by s; NTK leaves the fastest pair and "
-        "stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many times within "
-        "the trained length and stretch only the slow ones.",
+        f"length {SCALING_LEN} (dashed grey). PI stretches every pair by s; NTK leaves the "
+        "fastest pair and stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many "
+        "times within the trained length and stretch only the slow ones (the readout counts the "
+        "pairs each method changes).",
         f"posemb.scaling.Yarn(s, {SCALING_LEN}).compute({SCALING_DIM}, {SCALING_BASE})",
         "Lines of wavelength (log scale) against pair index for the default schedule and four "
-        "scalings; they fan out as the factor grows.",
+        "scalings, each with its own colour and dash pattern; they fan out as the factor grows.",
         "vega",
         draw,
         [Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
@@ -1034,27 +1414,81 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
                         {"variant": v, "length": n, "loss": _r(m), "lo": _r(m - s), "hi": _r(m + s)}
                         | {"std": _r(s), "seeds": k}
                     )
-        base = alt.Chart(ROWS).encode(
-            x=alt.X("length:Q", title="evaluation length", scale=alt.Scale(type="log", base=2)),
-            color=alt.Color("variant:N", title=None, scale=_colors(variants)),
+        lo = min([r["lo"] for r in rows] + [unigram])
+        hi = max([r["hi"] for r in rows] + [unigram])
+        y_scale = alt.Scale(domain=[math.floor(lo * 10 - 1) / 10, math.ceil(hi * 10 + 1) / 10])
+        x = alt.X(
+            "length:Q",
+            title="evaluation length (tokens)",
+            scale=alt.Scale(type="log", base=2),
+            axis=alt.Axis(values=lens),
         )
-        band = base.mark_area(aria=False, opacity=0.2).encode(y="lo:Q", y2="hi:Q")
-        line = base.mark_line(aria=False, point=alt.OverlayMarkDef(aria=False)).encode(
-            y=alt.Y("loss:Q", title="loss (nats/char)"),
-            tooltip=[
-                "variant:N",
-                "length:Q",
-                alt.Tooltip("loss:Q", format=".3f"),
-                alt.Tooltip("std:Q", format=".3f"),
-                "seeds:Q",
-            ],
+        # Okabe-Ito without sky blue, which sits too close to blue at the band's opacity.
+        palette = [c for c in OKABE_ITO if c != "#56B4E9"]
+        colors = alt.Scale(domain=variants, range=palette[: len(variants)])
+        # The band takes no legend: its swatches would be the band's pale fill.
+        band = (
+            alt.Chart(ROWS)
+            .mark_area(aria=False, opacity=0.15)
+            .encode(
+                x=x,
+                y=alt.Y("lo:Q", scale=y_scale),
+                y2="hi:Q",
+                color=alt.Color("variant:N", scale=colors, legend=None),
+            )
         )
-        rule = (
-            alt.Chart(_data([{"y": _r(unigram), "label": "unigram entropy (ignores context)"}]))
-            .mark_rule(aria=False, strokeDash=[4, 4], color="gray")
-            .encode(y="y:Q", tooltip=["label:N", "y:Q"])
+        line = (
+            alt.Chart(ROWS)
+            .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50))
+            .encode(
+                x=x,
+                y=alt.Y("loss:Q", title="loss (nats/char)", scale=y_scale),
+                color=alt.Color(
+                    "variant:N",
+                    title="encoding",
+                    scale=colors,
+                    legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1),
+                ),
+                tooltip=[
+                    "variant:N",
+                    "length:Q",
+                    alt.Tooltip("loss:Q", format=".3f"),
+                    alt.Tooltip("std:Q", format=".3f"),
+                    "seeds:Q",
+                ],
+            )
         )
-        chart = (band + line + rule).properties(width=460, height=260)
+        marks = alt.Chart(
+            _data(
+                [
+                    {
+                        "y": _r(unigram),
+                        "x": lens[-1],
+                        "label": f"unigram entropy {unigram:.2f} (ignores context)",
+                    }
+                ]
+            )
+        )
+        rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            y="y:Q", tooltip=["label:N", "y:Q"]
+        )
+        rule_label = marks.mark_text(
+            aria=False, align="right", baseline="bottom", dy=-3, color="gray", fontSize=12
+        ).encode(y="y:Q", x="x:Q", text="label:N")
+        trained = alt.Chart(_data([{"x": train_len, "label": f"trained at {train_len}"}])).encode(
+            x=alt.X("x:Q")
+        )
+        train_rule = trained.mark_rule(aria=False, color=OKABE_ITO[6], strokeDash=[2, 2]).encode(
+            tooltip=["label:N"]
+        )
+        train_label = trained.mark_text(
+            aria=False, align="left", baseline="top", dx=4, y=4, fontSize=12
+        ).encode(text="label:N")
+        chart = (
+            (band + train_rule + train_label + rule + rule_label + line)
+            .resolve_legend(color="independent")
+            .properties(width=WIDE - 130, height=300)
+        )
         longest = lens[-1]
         shown = "; ".join(
             f"{v} {c[0]:.3f} ± {c[1]:.3f}"
@@ -1179,7 +1613,8 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
             f"R_3 q = {_vec(q3)} ({math.degrees(_angle(q3)):.1f}°)",
             f"R_1 k = {_vec(k1)} ({math.degrees(_angle(k1)):.1f}°)",
             f"angle between = {between:.1f}° = (3 - 1) x 45°",
-            f"<R_3 q, R_1 k> = {dot:.1e}",
+            f"<R_3 q, R_1 k> = {dot:.1e}"
+            + (" (0 up to float64 rounding)" if abs(dot) < claims.EXACT else ""),
         ][i]
         if i >= 3:
             lines.append(("currentColor", f"between: {between:.1f}°"))
@@ -1317,49 +1752,118 @@ def fig_logit_mn(summary: dict[str, Any]) -> Figure:
 WAVE_PAIRS = ("0", "32", "128", "383")  # the lesson's channels on its harmonics screen
 
 
-def fig_waves(summary: dict[str, Any]) -> Figure:
-    """sin and cos of one sinusoidal pair over positions 0-127 (d = 768)."""
-    n, d = 128, 768
-    table = absolute.sinusoidal_table(n, d, dtype=F64)
-    lam = freqs.wavelengths(d)
+WAVE_RANGES = {"0-128": 128, "0-1,024": 1024, "0-65,536": 65536}
+WAVE_SAMPLES = 256  # points per panel at most: a wider range samples every k-th position
+WAVE_MIN_SAMPLES = 6  # per turn: a pair that turns faster is drawn as a band, not aliased
 
-    def draw(pair: str) -> tuple[object, str]:
-        i = int(pair)
-        rows = [
-            {
-                "position": p,
-                "value": _r(table[p, 2 * i + c]),
-                "channel": f"{name} (channel {2 * i + c})",
-            }
-            for c, name in ((0, "sin"), (1, "cos"))
-            for p in range(n)
-        ]
-        names = [f"sin (channel {2 * i})", f"cos (channel {2 * i + 1})"]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_line(aria=False)
+
+def fig_waves(summary: dict[str, Any]) -> Figure:
+    """sin and cos of the lesson's four pairs (d = 768), stacked, over a chosen range."""
+    d = 768
+    pairs = [int(p) for p in WAVE_PAIRS]
+    lam = freqs.wavelengths(d)
+    titles = {i: f"pair {i}: wavelength {_sig(lam[i])} tokens" for i in pairs}
+
+    header = " : ".join(f"datum.value == {i} ? '{titles[i]}'" for i in pairs) + " : ''"
+
+    def draw(span: str) -> tuple[object, str]:
+        n = WAVE_RANGES[span]
+        step = max(1, n // WAVE_SAMPLES)
+        pos = torch.arange(0, n + 1, step)
+        table = absolute.sinusoidal_table(pos, d, dtype=F64)
+        rows: list[dict[str, object]] = []
+        fast = []
+        for i in pairs:
+            if float(lam[i]) / step < WAVE_MIN_SAMPLES:
+                fast.append(i)
+                turns = n / float(lam[i])
+                rows += [
+                    {"pair": i, "p": x, "lo": -1, "hi": 1, "k": "band"}
+                    | {"note": f"{turns:,.0f} turns: too fast to draw at this range"}
+                    for x in (0, n)
+                ]
+                continue
+            rows += [
+                {"pair": i, "p": int(p), "v": _r(table[j, 2 * i + c], 3), "c": name}
+                for c, name in ((0, "sin"), (1, "cos"))
+                for j, p in enumerate(pos.tolist())
+            ]
+        x = alt.X("p:Q", title="position", scale=alt.Scale(domain=[0, n], nice=False))
+        lines = (
+            alt.Chart()
+            .transform_filter("datum.k != 'band'")
+            .mark_line(aria=False, strokeWidth=1.5, clip=True)
             .encode(
-                x=alt.X("position:Q", title="position"),
-                y=alt.Y("value:Q", title="PE", scale=alt.Scale(domain=[-1, 1])),
-                color=alt.Color("channel:N", title=None, scale=_colors(names)),
-                tooltip=["channel:N", "position:Q", alt.Tooltip("value:Q", format=".4f")],
+                x=x,
+                y=alt.Y("v:Q", title="PE", scale=alt.Scale(domain=[-1, 1])),
+                color=alt.Color(
+                    "c:N",
+                    title=None,
+                    scale=_colors(["sin", "cos"]),
+                    legend=alt.Legend(
+                        orient="top",
+                        direction="horizontal",
+                        labelExpr="datum.label == 'sin' ? 'sin (channel 2i)' "
+                        ": 'cos (channel 2i+1)'",
+                    ),
+                ),
+                tooltip=["pair:N", alt.Tooltip("p:Q", title="position"), "c:N", "v:Q"],
             )
-            .properties(width=460, height=200)
         )
-        return _spec(chart, rows), f"pair {i}: wavelength {float(lam[i]):,.2f} tokens"
+        band = (
+            alt.Chart()
+            .transform_filter("datum.k == 'band'")
+            .mark_area(aria=False, color=OKABE_ITO[7], opacity=0.35)
+            .encode(x=x, y="lo:Q", y2="hi:Q", tooltip=["pair:N", "note:N"])
+        )
+        note = (
+            alt.Chart()
+            .transform_filter("datum.k == 'band' && datum.p == 0")
+            .mark_text(aria=False, align="left", dx=6, fontSize=12)
+            .encode(x=x, y=alt.datum(0), text="note:N")
+        )
+        chart = (
+            alt.layer(band, note, lines, data=ROWS)
+            .properties(width=WIDE - 60, height=64)
+            .facet(
+                row=alt.Row(
+                    "pair:O",
+                    title=None,
+                    sort="ascending",
+                    header=alt.Header(
+                        labelAngle=0,
+                        labelAlign="left",
+                        labelAnchor="start",
+                        labelOrient="top",
+                        labelExpr=header,
+                        labelFontSize=13,
+                        labelFontWeight="bold",
+                    ),
+                )
+            )
+            .properties(spacing=8)
+        )
+        drawn = ", ".join(f"pair {i} {_sig(lam[i])}" for i in pairs)
+        shown = f"positions 0-{n:,}"
+        if fast:
+            which = ", ".join(map(str, fast))
+            shown += f" (pair{'s' if len(fast) > 1 else ''} {which} too fast to draw)"
+        return _spec(chart, rows), f"{shown}; wavelengths in tokens: {drawn}"
 
     return _figure(
         "fig-waves",
         6,
         "The hands of the grandfather clock",
-        "The sine and cosine channels of one pair of the d = 768 sinusoidal table over 128 "
-        "positions: pair 0 repeats every 2 pi = 6.28 tokens; pair 383 has a wavelength of "
-        "61,342.74 tokens and hardly moves.",
-        "posemb.sinusoidal_table(128, 768); posemb.wavelengths(768)",
-        "Two waves, sine and cosine, whose period grows as the pair slider moves right.",
+        "The sine and cosine channels of the lesson's four pairs of the d = 768 sinusoidal table "
+        "on one position axis: pair 0 repeats every 2 pi = 6.28 tokens; pair 383 has a "
+        "wavelength of 61,342.74 tokens and hardly moves in 128 positions. Widen the range to "
+        "watch the slow pairs turn (a pair too fast to draw at the range is a grey band).",
+        "posemb.sinusoidal_table(positions, 768); posemb.wavelengths(768)",
+        "Four stacked panels of sine and cosine waves, pairs 0, 32, 128 and 383, each titled "
+        "with its wavelength; the range slider widens the shared position axis.",
         "vega",
         draw,
-        [Control("fig-waves-pair", "pair i", "slider", WAVE_PAIRS, 0)],
+        [Control("fig-waves-range", "positions", "slider", tuple(WAVE_RANGES), 0)],
     )
 
 
@@ -1386,12 +1890,31 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
             alt.Chart(ROWS)
             .mark_line(aria=False, point=alt.OverlayMarkDef(aria=False))
             .encode(
-                x=alt.X("position:Q", scale=alt.Scale(type="log", base=2), title="position"),
-                y=alt.Y("error:Q", scale=alt.Scale(type="log"), title="max |cos error|"),
-                color=alt.Color("method:N", title=None, scale=_colors(list(errs))),
+                x=alt.X(
+                    "position:Q",
+                    scale=alt.Scale(type="log", base=2),
+                    title="position",
+                    # Every fourth power of 2, and 2^20 (the lesson's million tokens) among them.
+                    axis=alt.Axis(
+                        values=[2**e for e in range(0, 25, 4)],
+                        labelExpr="'2^' + round(log(datum.value) / LN2)",
+                    ),
+                ),
+                y=alt.Y(
+                    "error:Q",
+                    scale=alt.Scale(type="log"),
+                    title="max |cos error|",
+                    axis=alt.Axis(values=[10.0**-e for e in range(0, 10)], format=".0e"),
+                ),
+                color=alt.Color(
+                    "method:N",
+                    title=None,
+                    scale=_colors(list(errs)),
+                    legend=alt.Legend(orient="top"),
+                ),
                 tooltip=["method:N", "position:Q", alt.Tooltip("error:Q", format=".2e")],
             )
-            .properties(width=460, height=240)
+            .properties(width=WIDE - 140, height=240)
         )
         at = pos.tolist().index(2**20)
         shown = "; ".join(f"{name} {float(t[at]):.1e}" for name, t in errs.items())
@@ -1445,10 +1968,12 @@ def fig_three_forms(summary: dict[str, Any]) -> Figure:
                 shape=alt.Shape("form:N", legend=None, sort=list(FORMS)),
                 tooltip=["form:N", "channel:O", alt.Tooltip("value:Q", format=".6f")],
             )
-            .properties(width=460, height=220)
+            .properties(width=WIDE - 140, height=220)
         )
         err = max(float((outs[FORMS[0]] - t).abs().max()) for t in outs.values())
-        return _spec(chart, rows), f"m = {m}: max difference between the three forms = {err:.1e}"
+        return _spec(chart, rows), (
+            f"m = {m}: max difference between the three forms = {_err(err)}"
+        )
 
     return _figure(
         "fig-three-forms",
@@ -1467,7 +1992,8 @@ def fig_three_forms(summary: dict[str, Any]) -> Figure:
 
 
 LAYOUTS = ("rotate_half (HALF)", "interleaved (INTERLEAVED)")
-GIVENS_POSITIONS = ("1", "3")
+GIVENS_POSITIONS = ("1", "3", "10", "100", "1000")  # at d = 16 the slow pairs turn visibly
+# only from m ~ 100 on (pair 7 turns 1e-4 rad per step)
 
 
 def fig_givens(summary: dict[str, Any]) -> Figure:
@@ -1478,39 +2004,69 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
     def draw(layout: str, position: str) -> tuple[object, str]:
         lay = rope.Layout.HALF if layout == LAYOUTS[0] else rope.Layout.INTERLEAVED
         r = rope.rotation_matrix(int(position), theta, lay)
+        # Which channels each pair rotates together: (2p, 2p+1) interleaved, (p, p + d/2) half.
+        partner = {}
+        for p in range(d // 2):
+            a, b = (p, p + d // 2) if lay == rope.Layout.HALF else (2 * p, 2 * p + 1)
+            partner[a], partner[b] = (p, b), (p, a)
+        # Only the entries a pair owns: every other entry is exactly 0 and stays blank (a quarter
+        # of the page's bytes for this figure, and a blank reads as "nothing" at a glance).
         rows: list[dict[str, object]] = [
-            {"column": j, "row": i, "R": _r(r[i, j])} for i in range(d) for j in range(d)
+            {"column": j, "row": i, "R": _r(r[i, j], 3)}
+            for i in range(d)
+            for j in (i, partner[i][1])
         ]
-        chart = _heat(
+        heat = _heat(
             rows,
             "column",
             "row",
             "R",
             titles=("column", "row", "R_m"),
-            size=(256, 256),
+            size=(320, 320),
             domain=(-1.0, 1.0),
-            tick_every=2,
+            tick_every=1,
         )
+        blocks = _data(
+            [
+                {
+                    "column": j,
+                    "row": i,
+                    "pair": f"pair {partner[i][0]}: channels {i}, {partner[i][1]}",
+                }
+                for i in range(d)
+                for j in (i, partner[i][1])
+            ]
+        )
+        outline = (
+            alt.Chart(blocks)
+            .mark_rect(aria=False, fill=None, stroke=OKABE_ITO[6], strokeWidth=1.5)
+            .encode(x="column:O", y="row:O", tooltip=["pair:N"])
+        )
+        chart = heat + outline
         det = float(torch.linalg.det(r))
         orth = float((r.T @ r - torch.eye(d, dtype=F64)).abs().max())
-        return _spec(chart, rows), f"det R_m = {det:.6f}; max |R_m^T R_m - I| = {orth:.1e}"
+        return _spec(chart, rows), (
+            f"det R_m = {det:.6f} (error {abs(det - 1):.1e}); max |R_m^T R_m - I| = {_err(orth)}"
+        )
 
     return _figure(
         "fig-givens",
         8,
         "The ballroom: 2 x 2 blocks on the diagonal",
-        "R_m for d = 16: one 2 x 2 rotation per pair, zeros elsewhere. Interleaved pairing "
-        "(RoFormer, GPT-J, Meta's Llama code) puts the blocks on the diagonal; rotate_half (GPT-"
-        "NeoX, Hugging Face Llama) pairs channel j with j + 8, the same rotation with channels "
-        "reordered.",
+        "R_m for d = 16 (base 10,000): one 2 x 2 rotation per pair, blank cells are exactly 0; "
+        "the outlined cells are each pair's four entries. Interleaved pairing (RoFormer, GPT-J, "
+        "Meta's Llama code) puts the blocks on the diagonal; rotate_half (GPT-NeoX, Hugging "
+        "Face Llama) pairs channel j with j + 8, the same rotation with channels reordered. At "
+        "m = 1 the slow pairs barely turn and R_m looks like the identity; at m = 100 or 1000 "
+        "they visibly do.",
         "posemb.rotation_matrix(m, posemb.inv_freq(16), layout)",
-        "16 x 16 heatmap of the rotation matrix: diagonal blocks, or two offset diagonals for "
-        "rotate_half.",
+        "16 x 16 heatmap of the rotation matrix with each pair's entries outlined: diagonal "
+        "2 x 2 blocks, or two offset diagonals for rotate_half.",
         "vega",
         draw,
         [
             Control("fig-givens-layout", "pairing", "toggle", LAYOUTS, 1),
-            Control("fig-givens-position", "position m", "slider", GIVENS_POSITIONS, 0),
+            Control("fig-givens-position", "position m", "slider", GIVENS_POSITIONS, 2),
         ],
     )
 
@@ -1544,7 +2100,7 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         labels = refs.mark_text(aria=False, align="left", dx=4, dy=-6, color=OKABE_ITO[1]).encode(
             text="label:N", x=alt.datum(0)
         )
-        chart = (bars + rules + labels).properties(width=460, height=240)
+        chart = (bars + rules + labels).properties(width=WIDE - 140, height=240)
         return _spec(chart, rows), (
             f"fastest pair: {float(lam[0]):.6f} steps per turn; slowest: {float(lam[-1]):,.1f}"
         )
@@ -1572,17 +2128,28 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
     nope = counts["nope"]
 
     def draw() -> tuple[object, str]:
-        rows = [{"encoding": e, "extra": n - nope} for e, n in counts.items() if e != "nope"]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
-            .encode(
-                y=alt.Y("encoding:N", title=None, sort="-x"),
-                x=alt.X("extra:Q", title=f"parameters beyond NoPE's {nope:,}"),
-                tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
-            )
-            .properties(width=420, height=200)
+        rows = [
+            {"encoding": e, "extra": n - nope, "label": f"+{n - nope:,}"}
+            for e, n in counts.items()
+            if e != "nope"
+        ]
+        base = alt.Chart().encode(
+            y=alt.Y(
+                "encoding:N",
+                title=None,
+                sort=[r["encoding"] for r in sorted(rows, key=lambda r: -int(r["extra"]))],
+            ),
+            tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
         )
+        bars = base.mark_bar(aria=False, color=OKABE_ITO[0]).encode(
+            x=alt.X("extra:Q", title=f"parameters beyond NoPE's {nope:,}")
+        )
+        # A bar of 0 (or 512 beside 131,072) has no width to see: every bar says its number.
+        zero = base.mark_tick(aria=False, color=OKABE_ITO[0], thickness=2).encode(x=alt.datum(0))
+        values = base.mark_text(aria=False, align="left", dx=5, fontSize=12).encode(
+            x="extra:Q", text="label:N"
+        )
+        chart = alt.layer(bars, zero, values, data=ROWS).properties(width=WIDE - 200, height=240)
         shown = ", ".join(f"{e} +{n - nope:,}" for e, n in counts.items() if e != "nope")
         return _spec(chart, rows), f"beyond NoPE's {nope:,}: {shown}"
 
@@ -1594,7 +2161,8 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
         "same model without positions. A learned table adds L_max x D; sinusoids, RoPE, xPos "
         "and ALiBi add none; T5 buckets and FIRE a few.",
         "posemb.lesson.claims.param_counts()",
-        "Horizontal bars: learned far ahead at 131,072, most others at zero.",
+        "Horizontal bars, each labelled with its count: learned far ahead at +131,072, T5 and "
+        "FIRE a few hundred, the others 0.",
         "vega",
         draw,
     )
@@ -1611,20 +2179,50 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
             {"row": i, "grad": _r(v), "where": kinds[i >= window]}
             for i, v in enumerate(norms.tolist())
         ]
-        chart = (
-            alt.Chart(ROWS)
-            .mark_bar(aria=False)
-            .encode(
-                x=alt.X("row:O", title="row of W_pos", axis=alt.Axis(values=list(range(0, 64, 8)))),
-                y=alt.Y("grad:Q", title="gradient norm"),
-                color=alt.Color("where:N", title=None, scale=_colors(kinds)),
-                tooltip=["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"],
-            )
-            .properties(width=460, height=200)
+        x = alt.X(
+            "row:O",
+            title="row of W_pos",
+            axis=alt.Axis(values=list(range(0, len(norms), 8)), labelAngle=0),
         )
+        tip = ["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"]
+        bars = (
+            alt.Chart()
+            .transform_filter("datum.grad > 0")
+            .mark_bar(aria=False, color=OKABE_ITO[0])
+            .encode(x=x, y=alt.Y("grad:Q", title="gradient norm"), tooltip=tip)
+        )
+        # A zero bar has no height: rows without gradient get a marker on the axis.
+        zeros = (
+            alt.Chart()
+            .transform_filter("datum.grad == 0")
+            .mark_point(aria=False, shape="diamond", filled=True, size=40, color=OKABE_ITO[1])
+            .encode(x=x, y="grad:Q", tooltip=tip)
+        )
+        top = _r(float(norms.max()))
+        past = [i for i, v in enumerate(norms.tolist()) if i >= window and v == 0]
+        notes = (
+            alt.Chart(
+                _data(
+                    [
+                        {
+                            "row": past[len(past) // 2] if past else window,
+                            "y": _r(top * 0.12),
+                            "label": f"rows {window}-{len(norms) - 1}: exactly 0"
+                            if len(past) == len(norms) - window
+                            else f"{len(past)} rows past the window: exactly 0",
+                        }
+                    ]
+                )
+            )
+            .mark_text(aria=False, fontSize=13, color=OKABE_ITO[1])
+            .encode(x=alt.X("row:O"), y="y:Q", text="label:N")
+        )
+        chart = alt.layer(bars, zeros, notes, data=ROWS).properties(width=WIDE - 100, height=220)
+        late = float(norms[window:].max())
         return _spec(chart, rows), (
-            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.2e}; "
-            f"largest of rows {window}-{len(norms) - 1}: {float(norms[window:].max()):.1e}"
+            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.3g}; "
+            f"largest of rows {window}-{len(norms) - 1}: "
+            + ("exactly 0" if late == 0 else f"{late:.3g}")
         )
 
     return _figure(
@@ -1635,7 +2233,8 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
         "windows: every row a window covers gets a gradient, every row past it exactly zero. "
         "Those rows stay at their random initialisation.",
         f"posemb.lesson.claims.learned_row_gradient_norms({window})",
-        "Bars of gradient norm for rows 0-15 and none for rows 16-63.",
+        "Bars of gradient norm for rows 0-15 and diamonds at zero, labelled exactly 0, for "
+        "rows 16-63.",
         "vega",
         draw,
     )
@@ -1649,6 +2248,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "fig-causal-same-token": fig_causal_same_token,
     "fig-counting": fig_counting,
     "fig-trained-attention": fig_trained_attention,
+    "fig-trained-accuracy": fig_trained_accuracy,
     "fig-sinusoidal-table": fig_sinusoidal_table,
     "fig-offset-cosine": fig_offset_cosine,
     "fig-random-cosines": fig_random_cosines,
@@ -1673,6 +2273,14 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
 
 
 TRAINED = "fig-trained-attention"  # needs the ~5 s training of a small encoder
+READS_CLAIMS = {"fig-trained-accuracy": fig_trained_accuracy}
+"""Builders that also take ``posemb verify``'s rows (``claim_rows``)."""
+
+
+def _build(id: str, lab: dict[str, Any], claim_rows: Sequence[dict[str, Any]] | None) -> Figure:
+    if id in READS_CLAIMS:
+        return READS_CLAIMS[id](lab, claim_rows)
+    return BUILDERS[id](lab)
 
 
 def _render_jobs(
@@ -1695,18 +2303,26 @@ def _workers() -> int:
         return max(2, os.cpu_count() or 1)
 
 
-def build_figure(id: str, summary: dict[str, Any] | None = None) -> Figure:
-    """Build one figure by id, rendered (``summary`` as in :func:`build_figures`)."""
+def build_figure(
+    id: str,
+    summary: dict[str, Any] | None = None,
+    claim_rows: Sequence[dict[str, Any]] | None = None,
+) -> Figure:
+    """Build one figure by id, rendered (``summary`` and ``claim_rows`` as in
+    :func:`build_figures`)."""
     if id not in BUILDERS:
         raise ValueError(f"unknown figure {id!r}; known: {', '.join(BUILDERS)}")
-    figure = BUILDERS[id](report.default_summary() if summary is None else summary)
+    figure = _build(id, report.default_summary() if summary is None else summary, claim_rows)
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         for fig, key, job in _render_jobs(figure, pool):
             fig.static_svg[key] = job.result()
     return figure
 
 
-def build_figures(summary: dict[str, Any] | None = None) -> list[Figure]:
+def build_figures(
+    summary: dict[str, Any] | None = None,
+    claim_rows: Sequence[dict[str, Any]] | None = None,
+) -> list[Figure]:
     """Every figure of the page, computed and rendered now, in screen order.
 
     The encoder behind the trained-attention figure trains on one thread while the other
@@ -1716,14 +2332,21 @@ def build_figures(summary: dict[str, Any] | None = None) -> list[Figure]:
     Args:
         summary: a lab summary as :func:`posemb.lab.report.compact` writes it; default the
             one that ships with posemb (:func:`posemb.lab.report.default_summary`).
+        claim_rows: the rows of ``posemb verify`` (as ``--save`` writes them: dicts with
+            ``id`` and ``value``); the trained-accuracy figure draws the accuracies its claim
+            measured. Default None: that figure says "not measured in this build" (training
+            every encoding on every seed takes minutes).
+
+    Raises:
+        ValueError: a claim row a figure reads does not hold what its claim measures.
     """
     lab = report.default_summary() if summary is None else summary
     with concurrent.futures.ThreadPoolExecutor(_workers() + 1) as pool:
         training = pool.submit(_trained_rope_encoder)
         figures, jobs = [], []
-        for id, build in BUILDERS.items():
+        for id in BUILDERS:
             if id != TRAINED:
-                figures.append(build(lab))
+                figures.append(_build(id, lab, claim_rows))
                 jobs += _render_jobs(figures[-1], pool)
         training.result()
         figures.append(BUILDERS[TRAINED](lab))
