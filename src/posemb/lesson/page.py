@@ -123,7 +123,7 @@ def build_lesson(
     target = pathlib.Path(out)
     _check_out(target)
     rows = list(rows) if rows is not None else _claims.run_all()
-    figs = _figures.build_figures()
+    figs = _figures.build_figures(claim_rows=rows)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     # mkdtemp makes the folder private; the lesson is meant to be opened and shared.
