@@ -759,8 +759,9 @@ def _trained_accuracies(
     row = next((r for r in claim_rows or () if r.get("id") == TRAINED_CLAIM), None)
     if row is None:
         return None
-    value = row.get("value")
-    ok = isinstance(value, dict) and isinstance(value.get("bar"), (int, float))
+    raw = row.get("value")
+    value: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    ok = isinstance(value.get("bar"), (int, float))
     acc = {k: v for k, v in value.items() if k != "bar"} if ok else {}
     if (
         not ok
@@ -772,7 +773,7 @@ def _trained_accuracies(
     ):
         raise ValueError(
             f"claim row {TRAINED_CLAIM}: value must be {{encoding: [accuracy per seed], "
-            f"'bar': number}}, got {value!r}"
+            f"'bar': number}}, got {raw!r}"
         )
     return {k: [float(a) for a in v] for k, v in acc.items()}, float(value["bar"])
 
@@ -1030,7 +1031,9 @@ def fig_random_cosines(summary: dict[str, Any]) -> Figure:
                 y=alt.Y(
                     "f:Q",
                     title=f"fraction of {n} pairs per bin",
-                    scale=alt.Scale(domain=[0, max(COSINE_TOP, max(r["f"] for r in rows))]),
+                    scale=alt.Scale(
+                        domain=[0, max(COSINE_TOP, max(float(str(r["f"])) for r in rows))]
+                    ),
                 ),
                 y2=alt.datum(0),
                 tooltip=[
@@ -1300,7 +1303,7 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
             for name, (inv, _) in sorted(got.items(), key=lambda kv: kv[0] != "YaRN")
             for i in range(inv.shape[0])
         ]
-        top = max(r["wavelength"] for r in rows)
+        top = max(float(str(r["wavelength"])) for r in rows)
         decades = [10**e for e in range(0, math.ceil(math.log10(top)) + 1)]
         lines = (
             alt.Chart(ROWS)
@@ -2137,7 +2140,9 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
             y=alt.Y(
                 "encoding:N",
                 title=None,
-                sort=[r["encoding"] for r in sorted(rows, key=lambda r: -int(r["extra"]))],
+                sort=[
+                    str(r["encoding"]) for r in sorted(rows, key=lambda r: -int(str(r["extra"])))
+                ],
             ),
             tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
         )
