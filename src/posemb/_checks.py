@@ -202,3 +202,13 @@ def per_token_tables(cos: torch.Tensor, x: torch.Tensor, name: str = "x") -> Non
             f"{tuple(x.shape)}: "
             f"allowed are ({seq}, r/2) or ({batch}, {seq}, r/2)"
         )
+
+
+def rotary_dims(head_dim: object, rotary_dim: object) -> tuple[int, int]:
+    """``(head_dim, rotary_dim)`` checked: a positive head, an even rotary part within it
+    (``rotary_dim`` None means the whole head)."""
+    head = positive_int("head_dim", head_dim)
+    rotary = even_int("rotary_dim", head if rotary_dim is None else rotary_dim)
+    if rotary > head:
+        raise ValueError(f"rotary_dim must be <= head_dim = {head}, got {rotary_dim!r}")
+    return head, rotary

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import tempfile
 from collections.abc import Callable
 
@@ -45,3 +47,28 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
 
     atomic_write(path, write)
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> object:
+    """Parse a JSON file; a missing, unreadable or truncated file is a one-line ValueError.
+
+    Args:
+        path: the file.
+        what: how errors name it, e.g. ``"config file"`` or ``"--claims file"``.
+    """
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{what} {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {str(p)!r} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what} {str(p)!r} cannot be read as UTF-8 text: {err}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{what} {str(p)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
+            f"{err.msg}); a truncated file looks like this"
+        ) from None

@@ -597,11 +597,7 @@ class MRotaryEmbedding(nn.Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        self.head_dim = _checks.positive_int("head_dim", head_dim)
-        rd = head_dim if rotary_dim is None else rotary_dim
-        self.rotary_dim = _checks.even_int("rotary_dim", rd)
-        if self.rotary_dim > self.head_dim:
-            raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim!r}")
+        self.head_dim, self.rotary_dim = _checks.rotary_dims(head_dim, rotary_dim)
         self.base = _checks.base(base)
         self.mrope_section = _section(mrope_section)
         self.interleaved = interleaved

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import os
 import pathlib
 import warnings
@@ -22,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import _checks
+from .. import _checks, _io
 from .. import scaling as sc
 from .. import temperature as _temperature
 from ..rope import Layout, RotaryEmbedding
@@ -192,21 +191,7 @@ class ModelRope:
 def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
     """Read a ``config.json`` (or Meta ``params.json``) as a dict; clear errors for bad files."""
     p = pathlib.Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"config file {str(p)!r} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"config file {str(p)!r} is a directory, not a config.json") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"config file {str(p)!r} cannot be read as UTF-8 text: {err}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"config file {str(p)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
-            f"{err.msg}); a truncated download looks like this"
-        ) from None
+    data = _io.read_json(p, "config file")
     if not isinstance(data, dict):
         raise ValueError(
             f"config file {str(p)!r} must hold a JSON object, got {type(data).__name__}"

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from .._io import read_json
 from .._version import __version__
 from . import claims as _claims
 from .screens import SCREEN_TEXT
@@ -53,17 +54,7 @@ def load_claims(path: str | os.PathLike[str]) -> list[dict[str, object]]:
             version, or claim ids that are not exactly this build's.
     """
     p = pathlib.Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"--claims file {str(p)!r} cannot be read: {err}") from None
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"--claims file {str(p)!r} is not valid JSON (line {err.lineno}: {err.msg}); a "
-            f"truncated file looks like this"
-        ) from None
+    rows = read_json(p, "--claims file")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"--claims file {str(p)!r} must hold a list of claim rows")
     for i, row in enumerate(rows):
