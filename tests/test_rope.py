@@ -197,6 +197,20 @@ def test_linear_scaling_schedule():
     )
 
 
+def test_assigning_another_scaling_is_never_served_a_cached_table():
+    # Regression: the table cache was keyed without the scaling, so a trained model whose
+    # schedule the lab swapped kept rotating with the first one it had cached.
+    q = torch.randn(1, 1, 6, 16, dtype=F64)
+    rope = posemb.RotaryEmbedding(16)
+    plain = rope.rotate(q)
+    rope.scaling = posemb.scaling.Linear(4.0)
+    expected = posemb.RotaryEmbedding(16, scaling=posemb.scaling.Linear(4.0)).rotate(q)
+    torch.testing.assert_close(rope.rotate(q), expected, rtol=0, atol=0)
+    assert not torch.allclose(rope.rotate(q), plain)
+    rope.scaling = posemb.scaling.Default()
+    torch.testing.assert_close(rope.rotate(q), plain, rtol=0, atol=0)
+
+
 # --- layout conversion -------------------------------------------------------------------------
 
 

@@ -224,7 +224,9 @@ class RotaryEmbedding(nn.Module):
     ) -> torch.Tensor:
         """Cached ``(2, rows', r/2)`` stack of cos and sin for positions 0..rows'-1, rows' >=
         ``rows``, for a call of length ``seq_len`` (stacked: one gather serves both)."""
-        key = (device, dtype, self.scaling.length_key(seq_len))
+        # The scaling is in the key: assigning another one (the lab swaps schedules on a trained
+        # model) must never be served the old one's table.
+        key = (device, dtype, self.scaling, self.scaling.length_key(seq_len))
         hit = self._tables.get(key)
         if hit is None or hit.shape[1] < rows:
             # Doubling: a decode loop that grows one token at a time builds log(n) tables.
