@@ -183,6 +183,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     eval_lens = tuple(args.eval_lens) if args.eval_lens else None
     if args.train_len is not None and eval_lens is None:
         eval_lens = tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
+    if args.train_len is not None and args.race_len is None:
+        args.race_len = 4 * args.train_len  # the race extends the context 4x by default
     overrides = {
         k: v
         for k, v in {
@@ -195,6 +197,11 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "workers": args.workers,
             "finetune_len": args.finetune_len,
             "finetune_steps": args.finetune_steps,
+            "tasks": tuple(args.tasks) if args.tasks else None,
+            "retrieval_steps": args.retrieval_steps,
+            "race_len": args.race_len,
+            "race_steps": tuple(args.race_steps) if args.race_steps else None,
+            "race_seeds": tuple(args.race_seeds) if args.race_seeds else None,
         }.items()
         if v is not None
     }
@@ -365,6 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--finetune-len", type=int, help="fine-tune RoPE with position interpolation at this length"
     )
     lab.add_argument("--finetune-steps", type=int, help="steps of that fine-tune (adds rope+pi+ft)")
+    lab.add_argument(
+        "--tasks",
+        nargs="+",
+        metavar="TASK",
+        help="lm (loss), retrieval, entropy, race (default: all)",
+    )
+    lab.add_argument("--retrieval-steps", type=int, help="training steps per retrieval model")
+    lab.add_argument("--race-len", type=int, help="length the race fine-tunes at (default 4x)")
+    lab.add_argument("--race-steps", type=int, nargs="+", help="race milestones N (steps)")
+    lab.add_argument("--race-seeds", type=int, nargs="+", help="fine-tuning seeds of the race")
     lab.add_argument("--out", help="output folder (default lab-results, or lab-quick)")
     lab.add_argument("--quick", action="store_true", help="a small protocol (< 1 minute)")
     lab.add_argument("--json", action="store_true", help="print results as JSON, no progress")

@@ -22,7 +22,7 @@ from ..rope import RotaryEmbedding
 
 # Encodings a model is trained with, and inference-time scalings applied to the "rope" model.
 TRAINED = ("learned", "sinusoidal", "nope", "alibi", "rope", "t5", "fire", "xpos", "randomized")
-SCALINGS = ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn")
+SCALINGS = ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn", "rope+llama3")
 VARIANTS = TRAINED + SCALINGS
 
 
@@ -70,6 +70,9 @@ class Block(nn.Module):
         super().__init__()
         check_heads(width, heads)
         self.heads = heads
+        # Multiplies the queries, so every content logit q.k (not an added bias): the lab's
+        # attention temperature (see TinyLM.set_logit_scale). A plain float: not in checkpoints.
+        self.logit_scale = 1.0
         # Registration order fixes the order of initialisation draws and of parameters():
         # kept as it was so that seeded runs give the same numbers.
         self.norm1 = nn.LayerNorm(width)
@@ -87,6 +90,8 @@ class Block(nn.Module):
         b, s, w = x.shape
         qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, w // self.heads)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, s, d) each
+        if self.logit_scale != 1.0:
+            q = q * self.logit_scale
         return q, k, v
 
     def attention_weights(
@@ -138,13 +143,43 @@ class TinyLM(nn.Module):
         for rope in self.rotary_modules():
             rope.scaling = sc.check(scaling)
 
+    def set_logit_scale(self, scale: float) -> None:
+        """Multiply every attention logit's content term q.k by ``scale`` in every layer.
+
+        YaRN's attention factor f multiplies cos and sin, so both q and k: its logits are
+        ``f**2 q.k``, which ``set_logit_scale(f**2)`` reproduces for any encoding (for an added
+        bias such as ALiBi's only the content term is scaled). 1.0 switches it off.
+        """
+        _checks.number("logit_scale", scale, minimum=0.0, strict=True)
+        for blk in self.blocks:
+            if isinstance(blk, Block):
+                blk.logit_scale = float(scale)
+
+    def input_embeddings(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token embeddings plus the absolute encoding, if any: ``(b, s) -> (b, s, width)``."""
+        x = self.embed(tokens)
+        if self.input_pos is not None:
+            x = self.input_pos(x, positions)
+        return x
+
+    def attention_weights(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Each layer's attention probabilities on ``tokens`` ``(b, s)`` in eval mode:
+        a list of ``layers`` tensors ``(b, heads, s, s)``."""
+        x = self.input_embeddings(tokens)
+        weights = []
+        for blk in self.blocks:
+            if isinstance(blk, Block):
+                weights.append(blk.attention_weights(x))
+                x = blk(x)
+        return weights
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s = tokens.shape
         if positions is None and self.randomized is not None and self.training:
             positions = self.randomized(b, s, tokens.device)
-        x = self.embed(tokens)  # (b, s, width)
-        if self.input_pos is not None:
-            x = self.input_pos(x, positions)
+        x = self.input_embeddings(tokens, positions)  # (b, s, width)
         for blk in self.blocks:
             x = blk(x, positions)
         return self.out(self.norm(x))
@@ -164,8 +199,11 @@ def yarn_turns(train_len: int) -> tuple[float, float]:
 def scaling_for(variant: str, train_len: int, eval_len: int) -> sc.RopeScaling:
     """The inference-time schedule of a ``rope+...`` variant at one evaluation length.
 
-    PI, NTK and YaRN take s = eval_len / train_len (never below 1); dynamic NTK takes factor 1
-    and grows its base with each call's length, which is NTK at s = length / train_len.
+    PI, NTK, YaRN and Llama 3 take s = eval_len / train_len (never below 1); dynamic NTK takes
+    factor 1 and grows its base with each call's length, which is NTK at s = length / train_len.
+    Llama 3 keeps Llama 3.1's band edges relative to the original length (low_freq_factor 1,
+    high_freq_factor 4): pairs turning fewer than once over train_len are divided by s, pairs
+    turning more than 4 times kept.
     """
     s = max(1.0, eval_len / train_len)
     if variant == "rope+pi":
@@ -177,4 +215,6 @@ def scaling_for(variant: str, train_len: int, eval_len: int) -> sc.RopeScaling:
     if variant == "rope+yarn":
         fast, slow = yarn_turns(train_len)
         return sc.Yarn(s, train_len, beta_fast=fast, beta_slow=slow)
+    if variant == "rope+llama3":
+        return sc.Llama3(s, 1.0, 4.0, train_len)
     raise ValueError(f"unknown scaling variant {variant!r}; known: {', '.join(SCALINGS)}")

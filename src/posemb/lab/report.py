@@ -8,13 +8,15 @@ regenerates it, and a test checks that it still matches.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import platform
 from collections.abc import Sequence
 from dataclasses import asdict
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,13 +55,14 @@ def summarise(
     of the mean loss over all positions / past the training length; ``past`` absent at the
     training length) and ``curve`` (the per-position loss, averaged over seeds).
     """
+    lm = [r for r in results if r.get("kind", "lm") == "lm"]
     table: dict[str, dict[str, dict[str, object]]] = {}
     extra = ("rope+pi+ft",) if cfg.finetune_steps else ()
     for variant in (*cfg.variants, *extra):
         per_len: dict[str, dict[str, object]] = {}
         for n in cfg.eval_lens:
             key = str(n)
-            rows = [r["variants"][variant][key] for r in results if variant in r["variants"]]
+            rows = [r["variants"][variant][key] for r in lm if variant in r["variants"]]
             if not rows:
                 continue
             entry: dict[str, object] = {}
@@ -71,13 +74,20 @@ def summarise(
                 sum(c) / len(c) for c in zip(*(x["curve"] for x in rows), strict=True)
             ]
             per_len[key] = entry
-        table[variant] = per_len
+        if per_len:
+            table[variant] = per_len
+    retrieval = [r for r in results if r.get("kind") == "retrieval"]
+    race = [r for r in results if r.get("kind") == "race"]
     return {
         "config": {k: v for k, v in asdict(cfg).items()},
         "corpus": {"name": data.name, "characters": len(data.ids), "vocab": len(data.vocab)},
         "unigram_entropy": data.unigram_entropy(),
         "results": table,
-        "train_seconds": {f"{r['encoding']}-seed{r['seed']}": r["train_seconds"] for r in results},
+        "coincide": coincident(table),
+        "retrieval": _retrieval_summary(cfg, retrieval) if retrieval else None,
+        "entropy": _entropy_summary(cfg, lm) if "entropy" in cfg.tasks and lm else None,
+        "race": _race_summary(cfg, race) if race else None,
+        "train_seconds": {_job_name(r): r["train_seconds"] for r in results},
         "wall_seconds": wall,
         "workers": workers,
         "threads_per_worker": threads,
@@ -87,6 +97,160 @@ def summarise(
             "python": platform.python_version(),
         },
         "machine": platform.machine(),
+    }
+
+
+def _job_name(r: dict) -> str:
+    kind = r.get("kind", "lm")
+    name = f"{r['encoding']}-seed{r['seed']}"
+    if kind == "race":
+        return f"race-{name}-race{r['race_seed']}"
+    return name if kind == "lm" else f"{kind}-{name}"
+
+
+def accuracy(counts: Sequence[dict]) -> dict[str, object]:
+    """Accuracy of one or more runs' ``{"correct", "total"}``: ``{"mean", "std", "n"}`` over
+    runs (as :func:`mean_std`), the pooled ``correct`` and ``total``, and ``se``, the binomial
+    standard error of the pooled accuracy (the noise of the probes themselves)."""
+    stats: dict[str, object] = dict(mean_std([c["correct"] / c["total"] for c in counts]))
+    correct, total = sum(c["correct"] for c in counts), sum(c["total"] for c in counts)
+    p = correct / total
+    stats |= {"correct": correct, "total": total, "se": math.sqrt(p * (1 - p) / total)}
+    return stats
+
+
+def noise(e: dict) -> float | None:
+    """The standard error of a :func:`mean_std` or :func:`accuracy` entry: the binomial one
+    for accuracies (which also holds for one seed), std / sqrt(n) otherwise (None for n = 1)."""
+    if "se" in e:
+        return float(e["se"])
+    if e.get("std") is None:
+        return None
+    return float(e["std"]) / math.sqrt(int(e["n"]))
+
+
+def differs(a: dict, b: dict) -> bool | None:
+    """Whether two means differ by more than twice their combined standard error; None when a
+    single seed leaves the noise unknown."""
+    sa, sb = noise(a), noise(b)
+    if sa is None or sb is None:
+        return None
+    return abs(float(a["mean"]) - float(b["mean"])) > 2 * math.hypot(sa, sb)
+
+
+def coincident(table: dict) -> list[list[str]]:
+    """Groups of variants whose mean loss is the same (to 1e-9) at every length: one line in a
+    plot hides the others (``rope+dynamic`` is ``rope+ntk`` when a window is scored in one
+    call). Plots draw the first and name the group in the legend."""
+    groups: list[list[str]] = []
+    for variant, per_len in table.items():
+        key = [(n, e["all"]["mean"]) for n, e in sorted(per_len.items())]
+        for g in groups:
+            other = [(n, e["all"]["mean"]) for n, e in sorted(table[g[0]].items())]
+            if len(other) == len(key) and all(
+                n1 == n2 and abs(a - b) < 1e-9 for (n1, a), (n2, b) in zip(key, other, strict=True)
+            ):
+                g.append(variant)
+                break
+        else:
+            groups.append([variant])
+    return [g for g in groups if len(g) > 1]
+
+
+def _retrieval_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
+    from . import retrieval
+
+    variants: dict[str, dict[str, object]] = {}
+    pooled: dict[str, dict[str, object]] = {}
+    names = [v for v in cfg.variants if any(v in r["variants"] for r in rows)]
+    for variant in names:
+        runs = [r["variants"][variant] for r in rows if variant in r["variants"]]
+        per_len: dict[str, object] = {}
+        bins: dict[str, list[dict]] = {}
+        for n in cfg.eval_lens:
+            at = [run[str(n)] for run in runs]
+            by_d = {}
+            for label in at[0]["by_distance"]:
+                counts = [a["by_distance"][label] for a in at]
+                by_d[label] = accuracy(counts)
+                bins.setdefault(label, []).extend(counts)
+            per_len[str(n)] = {
+                "anywhere": accuracy([a["anywhere"] for a in at]),
+                "control": accuracy([a["control"] for a in at]),
+                "by_distance": by_d,
+            }
+        variants[variant] = per_len
+        pooled[variant] = {label: accuracy(c) for label, c in bins.items()}
+    return {
+        "chance": retrieval.CHANCE,
+        "facts": cfg.retrieval_facts,
+        "probes": cfg.retrieval_probes,
+        "final_train_loss": {
+            f"{r['encoding']}-seed{r['seed']}": r["final_train_loss"] for r in rows
+        },
+        "variants": variants,
+        "by_distance": pooled,
+    }
+
+
+def _entropy_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
+    from . import entropy
+
+    variants: dict[str, dict[str, object]] = {}
+    for r in rows:
+        for variant in r.get("entropy", {}):
+            variants.setdefault(variant, {})
+    for variant in variants:
+        runs = [r["entropy"][variant] for r in rows if variant in r.get("entropy", {})]
+        modes: dict[str, object] = {}
+        for mode in ("off", "on"):
+            per_len = {}
+            for n in cfg.eval_lens:
+                at = [run[mode][str(n)] for run in runs]
+                layers = [mean_std(list(v)) for v in zip(*(a["entropy"] for a in at), strict=True)]
+                per_len[str(n)] = {
+                    "layers": layers,
+                    "mean": mean_std([sum(a["entropy"]) / len(a["entropy"]) for a in at]),
+                    "loss": mean_std([a["loss"] for a in at]),
+                    "past": mean_std([a["past"] for a in at])
+                    if at[0]["past"] is not None
+                    else None,
+                }
+            modes[mode] = per_len
+        variants[variant] = modes
+    return {
+        "uniform": {str(n): entropy.uniform_entropy(n) for n in cfg.eval_lens},
+        "windows": cfg.entropy_windows,
+        "variants": variants,
+    }
+
+
+def _race_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
+    entrants: dict[str, dict[str, object]] = {}
+    for entrant in cfg.race_entrants:
+        runs = [r["milestones"] for r in rows if r["encoding"] == entrant]
+        if not runs:
+            continue
+        per_step: dict[str, object] = {}
+        for step in cfg.race_steps:
+            at = [run[str(step)] for run in runs]
+            per_step[str(step)] = {
+                "loss_past": {
+                    n: mean_std([a["loss_past"][n] for a in at]) for n in at[0]["loss_past"]
+                },
+                "retrieval": {
+                    n: accuracy([a["retrieval"][n] for a in at]) for n in at[0]["retrieval"]
+                },
+            }
+        entrants[entrant] = per_step
+    return {
+        "race_len": cfg.race_len,
+        "eval_lens": list(cfg.race_eval_lens()),
+        "steps": list(cfg.race_steps),
+        "runs": len(cfg.seeds) * len(cfg.race_seeds),
+        "seeds": list(cfg.seeds),
+        "race_seeds": list(cfg.race_seeds),
+        "entrants": entrants,
     }
 
 
@@ -179,6 +343,17 @@ def markdown(summary: dict) -> str:
             cells.append(cell(e.get("all")) + " / " + cell(e.get("past")))
         label = variant + (" (untrained rows past train_len)" if variant == "learned" else "")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for group in summary.get("coincide") or []:
+        lines.append(
+            f"\n{' and '.join(group)} give the same loss at every length (one line in the plot)."
+        )
+    if len(cfg["seeds"]) == 1:
+        lines.append(
+            "\nOne seed: the spread over seeds is unknown, so no difference in this table is "
+            "called beyond noise (run with --seeds 0 1 for that)."
+        )
+    else:
+        lines.append("\n" + _loss_noise(summary))
     lines += [
         "",
         f"{cfg['layers']} layers, width {cfg['width']}, {cfg['heads']} heads, {cfg['steps']} "
@@ -188,7 +363,149 @@ def markdown(summary: dict) -> str:
         "A learned table has no trained row past its training length: its 'past' numbers use "
         "rows that were never updated, which is what such a model does when run longer.",
     ]
+    for part in (_retrieval_md, _entropy_md, _race_md):
+        text = part(summary)
+        if text:
+            lines += ["", text]
     return "\n".join(lines) + "\n"
+
+
+def _loss_noise(summary: dict) -> str:
+    """Which neighbouring variants (ordered by loss past the training length) differ."""
+    cfg, table = summary["config"], summary["results"]
+    out = []
+    for n in cfg["eval_lens"][1:]:
+        rows = sorted(
+            ((v, e[str(n)]["past"]) for v, e in table.items() if e.get(str(n), {}).get("past")),
+            key=lambda r: r[1]["mean"],
+        )
+        ties = [
+            f"{a} ~ {b}" for (a, ea), (b, eb) in itertools.pairwise(rows) if not differs(ea, eb)
+        ]
+        out.append(f"at {n}: " + (", ".join(ties) if ties else "every neighbour differs"))
+    return "Within noise (neighbours by loss past training, gap < 2 standard errors): " + (
+        "; ".join(out)
+    )
+
+
+def _acc(e: dict | None) -> str:
+    if not e:
+        return "-"
+    text = f"{e['mean']:.2f}"
+    if e.get("std") is not None:
+        text += f" ± {e['std']:.2f}"
+    return text
+
+
+def _len_head(lens: Sequence[int], train: int) -> str:
+    return " | ".join(f"{n} ({n // train}x)" if n % train == 0 else str(n) for n in lens)
+
+
+def _retrieval_md(summary: dict) -> str:
+    r = summary.get("retrieval")
+    if not r:
+        return ""
+    cfg = summary["config"]
+    lens, train = cfg["eval_lens"], cfg["train_len"]
+    worst_se = max(
+        e["anywhere"]["se"] for per_len in r["variants"].values() for e in per_len.values()
+    )
+    lines = [
+        f"Retrieval accuracy ({r['facts']} facts per window, the query last, its fact at a "
+        f"random depth; {r['probes']} probes per length and seed; chance {r['chance']:.3f}). "
+        f"Binomial standard error at most {worst_se:.2f} per cell"
+        + (", ± std over seeds." if len(cfg["seeds"]) > 1 else ".")
+        + " Control: the queried fact removed, pooled over lengths.",
+        "",
+        f"| variant | {_len_head(lens, train)} | control |",
+        "|" + "---|" * (len(lens) + 2),
+    ]
+    for variant, per_len in r["variants"].items():
+        cells = [_acc(per_len.get(str(n), {}).get("anywhere")) for n in lens]
+        ctl = [e["control"] for e in per_len.values()]
+        rate = sum(c["correct"] for c in ctl) / sum(c["total"] for c in ctl)
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {rate:.2f} |")
+    bins = list(next(iter(r["by_distance"].values())))
+    lines += [
+        "",
+        "By distance between fact and query (pooled over lengths; training distances end at "
+        f"{train - 1}):",
+        "",
+        "| variant | " + " | ".join(bins) + " |",
+        "|" + "---|" * (len(bins) + 1),
+    ]
+    for variant, per_bin in r["by_distance"].items():
+        cells = [
+            f"{per_bin[b]['correct'] / per_bin[b]['total']:.2f}" if b in per_bin else "-"
+            for b in bins
+        ]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _entropy_md(summary: dict) -> str:
+    e = summary.get("entropy")
+    if not e:
+        return ""
+    cfg = summary["config"]
+    lens, train = cfg["eval_lens"], cfg["train_len"]
+    lines = [
+        "Attention entropy (nats; mean over layers, heads, query positions and "
+        f"{e['windows']} held-out windows), attention factor off / on (logits x (0.1 ln s + "
+        "1)^2, s = length / training length); 'uniform' attends evenly to every visible key.",
+        "",
+        f"| variant | {_len_head(lens, train)} |",
+        "|" + "---|" * (len(lens) + 1),
+        "| uniform | " + " | ".join(f"{e['uniform'][str(n)]:.2f}" for n in lens) + " |",
+    ]
+    for variant, modes in e["variants"].items():
+        cells = []
+        for n in lens:
+            off, on = modes["off"][str(n)]["mean"]["mean"], modes["on"][str(n)]["mean"]["mean"]
+            cells.append(f"{off:.2f}" if n == train else f"{off:.2f} / {on:.2f}")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _race_md(summary: dict) -> str:
+    r = summary.get("race")
+    if not r:
+        return ""
+    steps = r["steps"]
+    lines = [
+        f"The fine-tuning race: the RoPE models continued at {r['race_len']} tokens for N steps "
+        f"under each schedule; mean ± std over {r['runs']} runs (model seeds {r['seeds']} x "
+        f"fine-tuning seeds {r['race_seeds']}).",
+    ]
+    for n in r["eval_lens"]:
+        for metric, label in (
+            ("loss_past", "loss past the training length"),
+            ("retrieval", "retrieval accuracy"),
+        ):
+            lines += [
+                "",
+                f"{label} at {n} tokens:",
+                "",
+                "| entrant | " + " | ".join(f"N={k}" for k in steps) + " |",
+                "|" + "---|" * (len(steps) + 1),
+            ]
+            for entrant, per_step in r["entrants"].items():
+                cells = [_acc(per_step[str(k)][metric][str(n)]) for k in steps]
+                lines.append(f"| {entrant} | " + " | ".join(cells) + " |")
+            last = str(steps[-1])
+            rows = sorted(
+                ((e, p[last][metric][str(n)]) for e, p in r["entrants"].items()),
+                key=lambda t: t[1]["mean"],
+                reverse=metric == "retrieval",
+            )
+            best, best_e = rows[0]
+            beaten = [e for e, x in rows[1:] if differs(best_e, x)]
+            lines.append(
+                f"\nAt N={last} the best is {best}; beyond noise (2 standard errors) it beats "
+                + (", ".join(beaten) if beaten else "none")
+                + "."
+            )
+    return "\n".join(lines)
 
 
 def _plots(summary: dict, out: str) -> list[str]:
@@ -203,12 +520,16 @@ def _plots(summary: dict, out: str) -> list[str]:
     cfg = summary["config"]
     lens, train = cfg["eval_lens"], cfg["train_len"]
     written = []
+    hidden = {v: g for g in summary.get("coincide") or [] for v in g[1:]}
+    names = {g[0]: " = ".join(g) for g in summary.get("coincide") or []}
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, per_len in summary["results"].items():
+    for i, (variant, per_len) in enumerate(summary["results"].items()):
+        if variant in hidden:
+            continue  # drawn under the first of its group, whose label names it
         xs = [n for n in lens if per_len.get(str(n), {}).get("past")]
         ys = [per_len[str(n)]["past"]["mean"] for n in xs]
         if xs:
-            ax.plot(xs, ys, marker="o", label=variant)
+            ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=names.get(variant, variant))
     ax.axhline(summary["unigram_entropy"], color="grey", ls=":", label="unigram entropy")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
@@ -233,7 +554,101 @@ def _plots(summary: dict, out: str) -> list[str]:
     ax.set_title("Loss by position")
     ax.legend(fontsize=7, ncol=2)
     written.append(_save_figure(fig, os.path.join(out, "loss_vs_position.png")))
+    for plot in (_plot_retrieval, _plot_entropy, _plot_race):
+        written += plot(summary, out, plt)
     return written
+
+
+MARKERS = "os^vD<>pP*Xhd"
+
+
+def _plot_retrieval(summary: dict, out: str, plt: Any) -> list[str]:
+    r = summary.get("retrieval")
+    if not r:
+        return []
+    lens, train = summary["config"]["eval_lens"], summary["config"]["train_len"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (variant, per_len) in enumerate(r["variants"].items()):
+        xs = [n for n in lens if str(n) in per_len]
+        ys = [per_len[str(n)]["anywhere"]["mean"] for n in xs]
+        err = [per_len[str(n)]["anywhere"]["se"] for n in xs]
+        ax.errorbar(xs, ys, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=2, label=variant)
+    bins = list(next(iter(r["by_distance"].values())))
+    for i, (variant, per_bin) in enumerate(r["by_distance"].items()):
+        xs = [j for j, b in enumerate(bins) if b in per_bin]
+        ys = [per_bin[bins[j]]["correct"] / per_bin[bins[j]]["total"] for j in xs]
+        bx.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=variant)
+    for a in (ax, bx):
+        a.axhline(r["chance"], color="grey", ls=":", label="chance")
+        a.set_ylim(0, 1.02)
+        a.set_ylabel("retrieval accuracy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"window length (tokens; trained at {train})")
+    ax.set_title("Fact at a random depth")
+    bx.set_xticks(range(len(bins)), bins, rotation=30, fontsize=7)
+    bx.axvline(
+        next((j for j, b in enumerate(bins) if int(b.split("-")[1]) >= train), 0) + 0.5,
+        color="grey",
+        ls="--",
+    )
+    bx.set_xlabel("distance from fact to query (tokens; pooled over lengths)")
+    bx.set_title("By distance")
+    ax.legend(fontsize=7, ncol=2)
+    return [_save_figure(fig, os.path.join(out, "retrieval.png"))]
+
+
+def _plot_entropy(summary: dict, out: str, plt: Any) -> list[str]:
+    e = summary.get("entropy")
+    if not e:
+        return []
+    lens = summary["config"]["eval_lens"]
+    layers = len(next(iter(e["variants"].values()))["off"][str(lens[0])]["layers"])
+    fig, axes = plt.subplots(2, layers, figsize=(3.2 * layers, 6.5), sharey=True, squeeze=False)
+    for row, mode in enumerate(("off", "on")):
+        for layer in range(layers):
+            ax = axes[row][layer]
+            ax.plot(
+                lens, [e["uniform"][str(n)] for n in lens], color="grey", ls=":", label="uniform"
+            )
+            for i, (variant, modes) in enumerate(e["variants"].items()):
+                ys = [modes[mode][str(n)]["layers"][layer]["mean"] for n in lens]
+                ax.plot(lens, ys, marker=MARKERS[i % len(MARKERS)], ms=3, label=variant)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"layer {layer + 1}, factor {mode}", fontsize=9)
+            if row == 1:
+                ax.set_xlabel("window length")
+        axes[row][0].set_ylabel("attention entropy (nats)")
+    axes[0][0].legend(fontsize=6, ncol=2)
+    return [_save_figure(fig, os.path.join(out, "entropy.png"))]
+
+
+def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
+    r = summary.get("race")
+    if not r:
+        return []
+    n = str(r["race_len"])
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (entrant, per_step) in enumerate(r["entrants"].items()):
+        for a, metric in ((ax, "loss_past"), (bx, "retrieval")):
+            ys = [per_step[str(k)][metric][n]["mean"] for k in r["steps"]]
+            err = [per_step[str(k)][metric][n]["std"] or 0.0 for k in r["steps"]]
+            a.errorbar(
+                r["steps"], ys, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=2, label=entrant
+            )
+    ax.set_ylabel(f"loss past position {summary['config']['train_len']} at {n} (nats/char)")
+    bx.set_ylabel(f"retrieval accuracy at {n}")
+    bx.axhline(
+        summary["retrieval"]["chance"] if summary.get("retrieval") else 0.125,
+        color="grey",
+        ls=":",
+        label="chance",
+    )
+    for a in (ax, bx):
+        a.set_xlabel(f"fine-tuning steps at {n} tokens")
+    ax.set_title("The fine-tuning race: language modelling")
+    bx.set_title("The fine-tuning race: retrieval")
+    ax.legend(fontsize=8)
+    return [_save_figure(fig, os.path.join(out, "race.png"))]
 
 
 def _save_figure(fig: Figure, path: str) -> str:

@@ -32,16 +32,49 @@ from .. import scaling as sc
 from .._io import atomic_write, atomic_write_bytes
 from .._version import __version__
 from . import corpus as _corpus
+from . import entropy as _entropy
+from . import race as _race
 from . import report
+from . import retrieval as _retrieval
 from .model import SCALINGS, TRAINED, VARIANTS, ModelConfig, TinyLM, check_heads, scaling_for
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
-DEFAULT_VARIANTS = ("learned", "sinusoidal", "nope", "alibi", "rope", *SCALINGS)
+DEFAULT_VARIANTS = VARIANTS  # every trained encoding and every inference-time scaling
+TASKS = ("lm", "retrieval", "entropy", "race")
 EVAL_SEED = 1234  # the held-out windows are the same for every variant and seed
 WEIGHT_DECAY = 0.01
 FINETUNE_LR_FRACTION = 0.5  # of --lr, constant: a short fine-tune of a trained model
 
-_POSITIVE = ("train_len", "steps", "width", "layers", "heads", "batch", "eval_windows")
+_POSITIVE = (
+    "train_len",
+    "steps",
+    "width",
+    "layers",
+    "heads",
+    "batch",
+    "eval_windows",
+    "retrieval_steps",
+    "retrieval_width",
+    "retrieval_layers",
+    "retrieval_batch",
+    "retrieval_probes",
+    "entropy_windows",
+)
+# Settings that change no job's numbers, or that say which jobs run rather than what they do.
+_NOT_PROTOCOL = ("variants", "seeds", "tasks", "workers", "race_seeds", "race_entrants")
+_RETRIEVAL_KEYS = (
+    "train_len",
+    "eval_lens",
+    "heads",
+    "checkpoint_every",
+    "retrieval_steps",
+    "retrieval_width",
+    "retrieval_layers",
+    "retrieval_batch",
+    "retrieval_lr",
+    "retrieval_facts",
+    "retrieval_probes",
+)
 
 
 def _flag(name: str) -> str:
@@ -75,10 +108,31 @@ class LabConfig:
     checkpoint_every: int = 100
     finetune_len: int | None = None
     finetune_steps: int = 0
+    tasks: tuple[str, ...] = TASKS
+    retrieval_steps: int = 600
+    retrieval_width: int = 64
+    retrieval_layers: int = 2
+    retrieval_batch: int = 32
+    retrieval_lr: float = 3e-3
+    retrieval_facts: int = 4
+    retrieval_probes: int = 64
+    entropy_windows: int = 4
+    race_len: int = 256
+    race_steps: tuple[int, ...] = (0, 25, 50, 100, 200)
+    race_seeds: tuple[int, ...] = (0, 1)
+    race_entrants: tuple[str, ...] = _race.ENTRANTS
     workers: int = field(default=2, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("variants", "eval_lens", "seeds"):
+        for name in (
+            "variants",
+            "eval_lens",
+            "seeds",
+            "tasks",
+            "race_steps",
+            "race_seeds",
+            "race_entrants",
+        ):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise ValueError(f"{_flag(name)} must be a sequence, got {value!r}")
@@ -92,6 +146,14 @@ class LabConfig:
             )
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"--variants must not repeat a variant, got {list(self.variants)}")
+        for name, known in (("tasks", TASKS), ("race_entrants", _race.ENTRANTS)):
+            value = getattr(self, name)
+            bad = [str(v) for v in value if v not in known]
+            if not value or bad or len(set(value)) != len(value):
+                raise ValueError(
+                    f"{_flag(name)} must name one or more of {', '.join(known)} once each, got "
+                    f"{list(value)}"
+                )
         for name in (*_POSITIVE, "checkpoint_every", "workers"):
             _checks.positive_int(_flag(name), getattr(self, name))
         check_heads(self.width, self.heads)
@@ -113,6 +175,33 @@ class LabConfig:
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"--seeds must not repeat a seed, got {list(seeds)}")
         _checks.number("--lr", self.lr, minimum=0.0, strict=True)
+        _checks.number("--retrieval-lr", self.retrieval_lr, minimum=0.0, strict=True)
+        check_heads(self.retrieval_width, self.heads)
+        facts = self.retrieval_facts
+        if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS or 2 * facts > self.train_len:
+            raise ValueError(
+                f"--retrieval-facts must be an integer in 1..{_retrieval.KEYS} with two "
+                f"positions per fact in a --train-len {self.train_len} window, got {facts!r}"
+            )
+        if "race" in self.tasks:
+            race_len = self.race_len
+            if not _is_int(race_len) or not self.train_len < race_len <= lens[-1]:
+                raise ValueError(
+                    f"--race-len must be an integer above --train-len {self.train_len} and at "
+                    f"most the longest --eval-lens {lens[-1]}, got {race_len!r}"
+                )
+            steps = self.race_steps
+            if not all(_is_int(n) and n >= 0 for n in steps) or list(steps) != sorted(set(steps)):
+                raise ValueError(
+                    f"--race-steps must be one or more integers >= 0 in increasing order, got "
+                    f"{list(steps)}"
+                )
+            rs = self.race_seeds
+            if not rs or not all(_is_int(r) and r >= 0 for r in rs) or len(set(rs)) != len(rs):
+                raise ValueError(
+                    f"--race-seeds must be one or more distinct non-negative integers, got "
+                    f"{list(rs)}"
+                )
         if not isinstance(self.corpus, str) or not self.corpus:
             raise ValueError(
                 f"--corpus must be {_corpus.DEFAULT!r} or a path to a UTF-8 text file, got "
@@ -133,11 +222,37 @@ class LabConfig:
                 f"--finetune-len {ft_len} needs --finetune-steps > 0 (it would be ignored)"
             )
 
-    def digest(self, encoding: str, seed: int) -> str:
-        """A hash of what a job's numbers depend on."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("variants", "seeds", "workers")}
-        d |= {"encoding": encoding, "seed": seed, "posemb": __version__}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    def digest(
+        self, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
+    ) -> str:
+        """A hash of what one job's numbers depend on (and nothing else, so that adding a
+        variant or a task reuses the jobs already done)."""
+        d = asdict(self)
+        lm = {k: v for k, v in d.items() if k not in _NOT_PROTOCOL}
+        lm = {k: v for k, v in lm.items() if not k.startswith(("retrieval_", "race_"))}
+        ret = {k: d[k] for k in _RETRIEVAL_KEYS}
+        # The rope jobs also evaluate the scalings asked for: another set is another result.
+        scalings = sorted(v for v in self.variants if v in SCALINGS) if encoding == "rope" else []
+        if kind == "lm":
+            key = lm | {"entropy": "entropy" in self.tasks, "scalings": scalings}
+        elif kind == "retrieval":
+            key = ret | {"scalings": scalings}
+        elif kind == "race":
+            key = lm | ret | {"race_len": self.race_len, "race_steps": self.race_steps}
+            key |= {"race_seed": race_seed}
+        else:
+            raise ValueError(f"unknown job kind {kind!r}")
+        key |= {"kind": kind, "encoding": encoding, "seed": seed, "posemb": __version__}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def protocol(self) -> dict[str, object]:
+        """The settings an ``--out`` folder's results depend on (written to protocol.json)."""
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_PROTOCOL}
+        return json.loads(json.dumps(d | {"posemb": __version__}))
+
+    def race_eval_lens(self) -> tuple[int, ...]:
+        """Where the race scores: the race length and twice it (when evaluated at all)."""
+        return tuple(n for n in (self.race_len, 2 * self.race_len) if n <= self.eval_lens[-1])
 
 
 def quick_config(**overrides: Any) -> LabConfig:
@@ -155,6 +270,14 @@ def quick_config(**overrides: Any) -> LabConfig:
         lr=3e-3,
         eval_windows=8,
         checkpoint_every=50,
+        retrieval_steps=400,
+        retrieval_width=32,
+        retrieval_lr=1e-2,
+        retrieval_probes=32,
+        entropy_windows=2,
+        race_len=64,
+        race_steps=(0, 20, 40),
+        race_entrants=("rope", "rope+pi", "rope+yarn"),
     )
     return dataclasses.replace(base, **overrides)
 
@@ -162,11 +285,18 @@ def quick_config(**overrides: Any) -> LabConfig:
 # --- files ---------------------------------------------------------------------------------
 
 
-def job_paths(out: str, encoding: str, seed: int) -> tuple[str, str]:
+def job_paths(
+    out: str, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
+) -> tuple[str, str]:
     """(checkpoint, result) files of one job under ``out``."""
+    name = {
+        "lm": f"{encoding}-seed{seed}",
+        "retrieval": f"retrieval-{encoding}-seed{seed}",
+        "race": f"race-{encoding}-seed{seed}-race{race_seed}",
+    }[kind]
     return (
-        os.path.join(out, "checkpoints", f"{encoding}-seed{seed}.pt"),
-        os.path.join(out, "runs", f"{encoding}-seed{seed}.json"),
+        os.path.join(out, "checkpoints", f"{name}.pt"),
+        os.path.join(out, "runs", f"{name}.json"),
     )
 
 
@@ -292,8 +422,14 @@ def run_job(
         model.set_scaling(None)
         if cfg.finetune_steps:
             evals["rope+pi+ft"] = _finetune_pi(model, cfg, data, gen, held)
+    entropy = {}
+    if "entropy" in cfg.tasks:
+        few = {n: w[: cfg.entropy_windows] for n, w in held.items()}
+        for variant in _entropy.variants_of(encoding, cfg.variants):
+            entropy[variant] = _entropy.measure(model, variant, few, cfg.train_len)
     result = {
         "digest": digest,
+        "kind": "lm",
         "encoding": encoding,
         "seed": seed,
         "train_seconds": train_s,
@@ -309,6 +445,230 @@ def run_job(
             }
             for v, per_len in evals.items()
         },
+        "entropy": entropy,
+    }
+    atomic_write_bytes(result_path, json.dumps(result).encode())
+    return result
+
+
+def _train_resumable(
+    model: TinyLM,
+    opt: torch.optim.Optimizer,
+    gen: torch.Generator,
+    batch_at: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    lr_at: Callable[[int], float],
+    ckpt_path: str,
+    digest: str,
+    every: int,
+    label: str,
+    slot: int,
+    quiet: bool,
+) -> float | None:
+    """Train from the checkpoint at ``ckpt_path`` if there is one (refused if made with other
+    settings), saving one every ``every`` steps and at the end; the last loss."""
+    step, last = 0, None
+    ckpt = _load_checkpoint(ckpt_path, digest)
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["generator"])
+        step, last = int(ckpt["step"]), ckpt.get("loss")
+    bar = _progress(steps, label, slot, quiet, initial=step)
+
+    def on_step(done: int, loss: float) -> None:
+        bar(1, loss)
+        if done % every == 0 or done == steps:
+            state = {
+                "digest": digest,
+                "step": done,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "generator": gen.get_state(),
+                "loss": loss,
+            }
+            _save_checkpoint(state, ckpt_path)
+
+    loss = train(model, opt, batch_at, steps, lr_at, start=step, on_step=on_step)
+    bar(0, None, close=True)
+    return last if loss is None else loss
+
+
+def retrieval_model(cfg: LabConfig, encoding: str) -> TinyLM:
+    """The untrained retrieval model of ``encoding`` (a :class:`TinyLM` over the task's tokens)."""
+    return TinyLM(
+        ModelConfig(
+            vocab=_retrieval.VOCAB,
+            encoding=encoding,
+            width=cfg.retrieval_width,
+            layers=cfg.retrieval_layers,
+            heads=cfg.heads,
+            train_len=cfg.train_len,
+            max_len=max(cfg.eval_lens),
+        )
+    )
+
+
+def run_retrieval_job(
+    cfg: LabConfig, encoding: str, seed: int, out: str, slot: int = 0, quiet: bool = False
+) -> dict[str, object]:
+    """Train the retrieval model of ``encoding`` at the training length (resuming from its
+    checkpoint), probe it at every evaluation length (for ``rope`` also under each scaling in
+    ``cfg.variants``), save and return the result: ``{"kind": "retrieval", "encoding",
+    "seed", "train_seconds", "final_train_loss", "variants": {variant: retrieval.evaluate(...)}}``.
+    """
+    ckpt_path, result_path = job_paths(out, encoding, seed, "retrieval")
+    digest = cfg.digest(encoding, seed, "retrieval")
+    done = _load_result(result_path, digest)
+    if done is not None:
+        return done
+    torch.manual_seed(seed)
+    model = retrieval_model(cfg, encoding)
+    opt = adamw(model, cfg.retrieval_lr, WEIGHT_DECAY)
+    gen = torch.Generator().manual_seed(seed)
+    started = time.time()
+    loss = _train_resumable(
+        model,
+        opt,
+        gen,
+        lambda _: _retrieval.training_batch(
+            cfg.retrieval_batch, cfg.train_len, cfg.retrieval_facts, gen
+        ),
+        cfg.retrieval_steps,
+        lambda s: warmup_cosine(s, cfg.retrieval_steps, cfg.retrieval_lr),
+        ckpt_path,
+        digest,
+        cfg.checkpoint_every,
+        f"retrieval {encoding} seed {seed}",
+        slot,
+        quiet,
+    )
+    train_s = time.time() - started
+
+    def probe() -> dict[str, dict[str, object]]:
+        return _retrieval.evaluate(
+            model,
+            cfg.eval_lens,
+            cfg.train_len,
+            cfg.retrieval_facts,
+            cfg.retrieval_probes,
+            EVAL_SEED,
+        )
+
+    variants = {encoding: probe()}
+    if encoding == "rope":
+        for variant in SCALINGS:
+            if variant in cfg.variants:
+                per_len = {}
+                for n in cfg.eval_lens:
+                    model.set_scaling(scaling_for(variant, cfg.train_len, n))
+                    per_len[str(n)] = _retrieval.evaluate(
+                        model,
+                        (n,),
+                        cfg.train_len,
+                        cfg.retrieval_facts,
+                        cfg.retrieval_probes,
+                        EVAL_SEED,
+                    )[str(n)]
+                variants[variant] = per_len
+        model.set_scaling(None)
+    result = {
+        "digest": digest,
+        "kind": "retrieval",
+        "encoding": encoding,
+        "seed": seed,
+        "train_seconds": train_s,
+        "final_train_loss": loss,
+        "variants": variants,
+    }
+    atomic_write_bytes(result_path, json.dumps(result).encode())
+    return result
+
+
+def _trained(cfg: LabConfig, out: str, seed: int) -> tuple[TinyLM, TinyLM]:
+    """The finished RoPE LM and RoPE retrieval model of ``seed`` from their checkpoints."""
+    data_vocab = len(_corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2).vocab)
+    lm = TinyLM(
+        ModelConfig(
+            vocab=data_vocab,
+            encoding="rope",
+            width=cfg.width,
+            layers=cfg.layers,
+            heads=cfg.heads,
+            train_len=cfg.train_len,
+            max_len=max(cfg.eval_lens),
+        )
+    )
+    ret = retrieval_model(cfg, "rope")
+    for model, kind, steps in ((lm, "lm", cfg.steps), (ret, "retrieval", cfg.retrieval_steps)):
+        path = job_paths(out, "rope", seed, kind)[0]
+        ckpt = _load_checkpoint(path, cfg.digest("rope", seed, kind))
+        if ckpt is None or int(ckpt["step"]) != steps:
+            raise ValueError(f"the race needs the finished checkpoint {path}; run its job first")
+        model.load_state_dict(ckpt["model"])
+    return lm, ret
+
+
+def run_race_job(
+    cfg: LabConfig,
+    entrant: str,
+    seed: int,
+    race_seed: int,
+    out: str,
+    slot: int = 0,
+    quiet: bool = False,
+) -> dict[str, object]:
+    """One entrant of the fine-tuning race (:mod:`posemb.lab.race`) from the RoPE models of
+    ``seed``, with fine-tuning batches drawn from ``race_seed``; resumes at the last milestone.
+
+    Returns (and saves) ``{"kind": "race", "encoding": entrant, "seed", "race_seed",
+    "train_seconds", "milestones": {str(N): race.score(...)}}``.
+    """
+    ckpt_path, result_path = job_paths(out, entrant, seed, "race", race_seed)
+    digest = cfg.digest(entrant, seed, "race", race_seed)
+    done = _load_result(result_path, digest)
+    if done is not None:
+        return done
+    data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)
+    lm, ret = _trained(cfg, out, seed)
+    state = _load_checkpoint(ckpt_path, digest)
+    setup = _race.RaceSetup(
+        entrant=entrant,
+        train_len=cfg.train_len,
+        race_len=cfg.race_len,
+        milestones=cfg.race_steps,
+        eval_lens=cfg.race_eval_lens(),
+        lm_batch=cfg.batch,
+        lm_lr=cfg.lr * FINETUNE_LR_FRACTION,
+        retrieval_batch=cfg.retrieval_batch,
+        retrieval_lr=cfg.retrieval_lr * FINETUNE_LR_FRACTION,
+        retrieval_facts=cfg.retrieval_facts,
+        probes=cfg.retrieval_probes,
+        weight_decay=WEIGHT_DECAY,
+    )
+    eval_gen = torch.Generator().manual_seed(EVAL_SEED)
+    held = {n: windows(data.held_out, n, cfg.eval_windows, eval_gen) for n in cfg.eval_lens}
+    # Paired: every entrant of (seed, race_seed) draws the same batches.
+    gen = torch.Generator().manual_seed(100_003 * (seed + 1) + race_seed)
+    started = time.time()
+    bar = _progress(len(cfg.race_steps), f"race {entrant} {seed}/{race_seed}", slot, quiet)
+
+    def on_milestone(st: dict) -> None:
+        bar(1, None)
+        _save_checkpoint(st | {"digest": digest}, ckpt_path)
+
+    milestones = _race.run(
+        lm, ret, setup, data.train, held, gen, EVAL_SEED, state=state, on_milestone=on_milestone
+    )
+    bar(0, None, close=True)
+    result = {
+        "digest": digest,
+        "kind": "race",
+        "encoding": entrant,
+        "seed": seed,
+        "race_seed": race_seed,
+        "train_seconds": time.time() - started,
+        "milestones": milestones,
     }
     atomic_write_bytes(result_path, json.dumps(result).encode())
     return result
@@ -370,22 +730,61 @@ def _progress(
     return update
 
 
+Job = tuple[str, str, int, int | None]  # (kind, encoding or entrant, seed, race seed)
+
+
+def _run_one(cfg: LabConfig, job: Job, out: str, slot: int = 0, quiet: bool = True) -> dict:
+    kind, name, seed, race_seed = job
+    if kind == "lm":
+        return run_job(cfg, name, seed, out, slot, quiet)
+    if kind == "retrieval":
+        return run_retrieval_job(cfg, name, seed, out, slot, quiet)
+    return run_race_job(cfg, name, seed, race_seed or 0, out, slot, quiet)
+
+
 def _worker(args: tuple) -> dict[str, object]:
-    cfg, encoding, seed, out, slot, quiet, threads = args
+    cfg, job, out, slot, quiet, threads = args
     torch.set_num_threads(threads)
-    return run_job(cfg, encoding, seed, out, slot, quiet)
+    return _run_one(cfg, job, out, slot, quiet)
 
 
 # --- the sweep ------------------------------------------------------------------------------------
 
 
 def jobs_for(cfg: LabConfig) -> list[tuple[str, int]]:
-    """(trained encoding, seed) pairs: scalings need the rope model."""
+    """(trained encoding, seed) pairs of the character LM: scalings, entropy of scalings and
+    the race need the rope model."""
     encodings = [v for v in cfg.variants if v in TRAINED]
-    needs_rope = any(v in SCALINGS for v in cfg.variants) or cfg.finetune_steps
+    needs_rope = (
+        any(v in SCALINGS for v in cfg.variants) or cfg.finetune_steps or "race" in cfg.tasks
+    )
     if needs_rope and "rope" not in encodings:
         encodings.append("rope")
+    if not {"lm", "entropy", "race"} & set(cfg.tasks):
+        return []
+    if not {"lm", "entropy"} & set(cfg.tasks):
+        encodings = ["rope"]  # the race alone needs only the rope model
     return [(e, s) for e in encodings for s in cfg.seeds]
+
+
+def all_jobs(cfg: LabConfig) -> tuple[list[Job], list[Job]]:
+    """The sweep's jobs in two phases: training (LMs, retrieval models), then the race, which
+    continues phase one's RoPE models."""
+    first: list[Job] = [("lm", e, s, None) for e, s in jobs_for(cfg)]
+    encodings = [v for v in cfg.variants if v in TRAINED]
+    if any(v in SCALINGS for v in cfg.variants) and "rope" not in encodings:
+        encodings.append("rope")
+    if "retrieval" not in cfg.tasks:
+        encodings = []
+    if "race" in cfg.tasks and "rope" not in encodings:
+        encodings.append("rope")
+    first += [("retrieval", e, s, None) for e in encodings for s in cfg.seeds]
+    second: list[Job] = []
+    if "race" in cfg.tasks:
+        second = [
+            ("race", e, s, r) for s in cfg.seeds for r in cfg.race_seeds for e in cfg.race_entrants
+        ]
+    return first, second
 
 
 def _distributed() -> tuple[int, int]:
@@ -400,37 +799,88 @@ def _distributed() -> tuple[int, int]:
     return dist.get_rank(), world
 
 
+PROTOCOL = "protocol.json"
+
+
+def preflight(cfg: LabConfig, out: str) -> None:
+    """Refuse, before anything is written, an ``out`` that holds another protocol's results:
+    a protocol.json with other settings, or any job's result or checkpoint made with other
+    settings or unreadable (``ValueError`` naming the file)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file, not a folder")
+    path = os.path.join(out, PROTOCOL)
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                theirs = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            raise ValueError(f"{path} cannot be read; use another --out") from None
+        ours = cfg.protocol()
+        diff = [
+            f"{k} {theirs.get(k)!r} != {ours.get(k)!r}"
+            for k in sorted(set(ours) | set(theirs))
+            if theirs.get(k) != ours.get(k)
+        ]
+        if diff:
+            raise ValueError(
+                f"--out {out} holds results of another protocol ({'; '.join(diff[:3])}); use "
+                f"another --out"
+            )
+    first, second = all_jobs(cfg)
+    for kind, name, seed, race_seed in first + second:
+        ckpt, result = job_paths(out, name, seed, kind, race_seed)
+        digest = cfg.digest(name, seed, kind, race_seed)
+        if _load_result(result, digest) is None:
+            _load_checkpoint(ckpt, digest)
+
+
 def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     """Run (or resume) the sweep into ``out``; write results.json, results.md and plots.
 
-    Under ``torchrun`` (gloo, CPU) the jobs are dealt round-robin to the ranks, each rank runs
-    its share with its own workers, and rank 0 writes the report once all have finished; ``out``
-    must be a folder every rank can read (the same machine, or a shared filesystem). Only rank
-    0 returns the summary (:func:`posemb.lab.report.summarise`, plus ``plots``: the files
-    written). Each model trains on one rank: the sweep is what is distributed.
+    Phase one trains every LM and retrieval model; phase two runs the fine-tuning race from
+    the RoPE models. Under ``torchrun`` (gloo, CPU) each phase's jobs are dealt round-robin to
+    the ranks, each rank runs its share with its own workers, and rank 0 writes the report
+    once all have finished; ``out`` must be a folder every rank can read (the same machine, or
+    a shared filesystem). Only rank 0 returns the summary (:func:`posemb.lab.report.summarise`,
+    plus ``plots``: the files written).
     """
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
+    if len(data.train) < cfg.race_len + 2 and "race" in cfg.tasks:
+        raise ValueError(
+            f"corpus {data.name!r} has {len(data.train):,} training characters: too few for "
+            f"--race-len {cfg.race_len} windows"
+        )
+    preflight(cfg, out)
     started = time.time()
     rank, world = _distributed()
-    all_jobs = jobs_for(cfg)
-    jobs = all_jobs[rank::world]
-    workers = max(1, min(cfg.workers, len(jobs)))
-    threads = max(1, torch.get_num_threads() // workers)
-    args = [(cfg, e, s, out, i % workers, quiet, threads) for i, (e, s) in enumerate(jobs)]
-    if workers == 1:
-        results = [_worker(a) for a in args]
-    else:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            results = pool.map(_worker, args, chunksize=1)
-    if world > 1:
+    if rank == 0:
+        atomic_write_bytes(
+            os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode()
+        )
+    threads, workers = 1, 1
+    for phase in all_jobs(cfg):
+        jobs = phase[rank::world]
+        workers = max(1, min(cfg.workers, len(jobs)))
+        threads = max(1, torch.get_num_threads() // workers)
+        args = [(cfg, job, out, i % workers, quiet, threads) for i, job in enumerate(jobs)]
+        if workers == 1:
+            for a in args:
+                _worker(a)
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                pool.map(_worker, args, chunksize=1)
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()  # phase two reads phase one's checkpoints
+    if rank != 0:
         import torch.distributed as dist
 
-        dist.barrier()
-        if rank != 0:
-            dist.barrier()  # wait for rank 0's report, then leave together
-            return None
-        # Rank 0 reads every job's result from disk: finished jobs are not run again.
-        results = [run_job(cfg, e, s, out, quiet=True) for e, s in all_jobs]
+        dist.barrier()  # wait for rank 0's report, then leave together
+        return None
+    # Every job's result, read from disk: finished jobs are not run again.
+    first, second = all_jobs(cfg)
+    results = [_run_one(cfg, job, out) for job in first + second]
     summary = report.summarise(cfg, data, results, time.time() - started, workers, threads)
     report.write(summary, out)
     if world > 1:

@@ -1,0 +1,281 @@
+"""The lab's second edition: retrieval, attention entropy, the fine-tuning race, the protocol
+file, and the ``--quick`` protocol's directions (which must hold even at that size)."""
+
+import dataclasses
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from posemb import cli
+from posemb import scaling as sc
+from posemb.lab import entropy, race, report, retrieval, sweep
+from posemb.lab.model import ModelConfig, TinyLM, scaling_for
+
+# --- the retrieval task ---------------------------------------------------------------------
+
+
+def test_training_windows_query_each_fact_once_after_it():
+    gen = torch.Generator().manual_seed(0)
+    x, y = retrieval.training_batch(64, 32, 4, gen)
+    assert x.shape == y.shape == (64, 32)
+    for row, tgt in zip(x.tolist(), y.tolist(), strict=True):
+        facts = {
+            (t - retrieval.FACT0) // retrieval.VALUES: (i, (t - retrieval.FACT0) % retrieval.VALUES)
+            for i, t in enumerate(row)
+            if retrieval.FACT0 <= t < retrieval.QUERY0
+        }
+        queries = [
+            (i, t - retrieval.QUERY0)
+            for i, t in enumerate(row)
+            if retrieval.QUERY0 <= t < retrieval.ANSWER0
+        ]
+        assert len(facts) == len(queries) == 4  # distinct keys
+        for i, key in queries:
+            at, value = facts[key]
+            assert at < i and tgt[i] == retrieval.ANSWER0 + value
+        assert sum(t != retrieval.IGNORE for t in tgt) == 4
+        assert all(t < retrieval.FILLER for t in row if t < retrieval.FACT0)
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_probes_put_the_fact_at_the_asked_distance_or_leave_it_out(present):
+    gen = torch.Generator().manual_seed(1)
+    d = torch.tensor([1, 5, 63, 30])
+    x, ans = retrieval.probes(d, 64, 4, gen, present=present)
+    for row, dist, a in zip(x.tolist(), d.tolist(), ans.tolist(), strict=True):
+        key = row[-1] - retrieval.QUERY0
+        assert 0 <= key < retrieval.KEYS
+        fact = retrieval.FACT0 + key * retrieval.VALUES + (a - retrieval.ANSWER0)
+        with_key = [
+            i
+            for i, t in enumerate(row)
+            if retrieval.FACT0 <= t < retrieval.QUERY0
+            and (t - retrieval.FACT0) // retrieval.VALUES == key
+        ]
+        assert with_key == ([63 - dist] if present else [])
+        if present:
+            assert row[63 - dist] == fact
+        others = [t for t in row if retrieval.FACT0 <= t < retrieval.QUERY0]
+        assert len(others) == (4 if present else 3)
+
+
+def test_probe_and_fact_errors():
+    gen = torch.Generator()
+    with pytest.raises(ValueError, match=r"probe distances must be in 1\.\.63"):
+        retrieval.probes([64], 64, 4, gen)
+    with pytest.raises(ValueError, match=r"--retrieval-facts must be 1\.\.16"):
+        retrieval.training_batch(2, 64, 17, gen)
+
+
+def test_distance_bins_do_not_depend_on_the_length():
+    assert retrieval.distance_bins(64, 64) == [(0, 8), (8, 16), (16, 32), (32, 64)]
+    long = retrieval.distance_bins(64, 1024)
+    assert long[:4] == retrieval.distance_bins(64, 64) and long[-1] == (512, 1024)
+    assert [retrieval.bin_label(*b) for b in long[4:6]] == ["65-128", "129-256"]
+
+
+# --- entropy ------------------------------------------------------------------------------------
+
+
+def test_entropy_of_uniform_rows_and_the_reference():
+    w = torch.full((1, 1, 1, 8), 1 / 8)
+    assert float(entropy.row_entropy(w)) == pytest.approx(math.log(8))
+    assert float(entropy.row_entropy(torch.tensor([1.0, 0.0, 0.0]))) == 0.0
+    assert entropy.uniform_entropy(3) == pytest.approx((0 + math.log(2) + math.log(3)) / 3)
+    assert entropy.yarn_factor(1.0) == 1.0 and entropy.yarn_factor(math.e) == pytest.approx(1.1)
+
+
+def test_yarn_factor_on_cos_and_sin_is_the_logit_scale_squared():
+    torch.manual_seed(0)
+    model = TinyLM(
+        ModelConfig(vocab=12, encoding="rope", width=16, layers=2, heads=2, train_len=8, max_len=64)
+    )
+    x = torch.randint(0, 12, (2, 32))
+    yarn = scaling_for("rope+yarn", 8, 32)
+    assert isinstance(yarn, sc.Yarn) and yarn.effective_attention_factor() > 1
+    model.set_scaling(yarn)
+    own = model.attention_weights(x)
+    model.set_scaling(dataclasses.replace(yarn, attention_factor=1.0))
+    model.set_logit_scale(yarn.effective_attention_factor() ** 2)
+    for a, b in zip(own, model.attention_weights(x), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_scalings_change_a_trained_models_numbers():
+    # The lab swaps schedules on one model: each must be in force (a stale table once hid them).
+    torch.manual_seed(0)
+    model = TinyLM(
+        ModelConfig(vocab=12, encoding="rope", width=16, layers=1, heads=2, train_len=8, max_len=64)
+    )
+    model.eval()
+    x = torch.randint(0, 12, (1, 32))
+    outs = {}
+    for v in ("rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+llama3"):
+        model.set_scaling(None if v == "rope" else scaling_for(v, 8, 32))
+        outs[v] = model(x)
+    for a in outs:
+        for b in outs:
+            if a < b:
+                assert not torch.allclose(outs[a], outs[b]), (a, b)
+
+
+# --- the quick protocol, every task -------------------------------------------------------------
+
+QUICK_TASKS = sweep.quick_config(
+    variants=("nope", "rope", "rope+pi", "rope+ntk", "rope+dynamic"), workers=2
+)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("lab") / "quick")
+    return out, sweep.run(QUICK_TASKS, out, quiet=True)
+
+
+def test_quick_retrieval_is_learned_at_1x_and_chance_without_the_fact(quick):
+    _, s = quick
+    r = s["retrieval"]
+    for variant, per_len in r["variants"].items():
+        # The model was never shown the queried fact in these windows: it can only guess.
+        ctl = report.accuracy([e["control"] for e in per_len.values()])
+        assert ctl["correct"] / ctl["total"] <= r["chance"] + 3 * math.sqrt(
+            r["chance"] * (1 - r["chance"]) / ctl["total"]
+        ), variant
+    for variant in ("nope", "rope"):
+        at_1x = r["variants"][variant]["32"]["anywhere"]["mean"]
+        assert at_1x > 3 * r["chance"], (variant, at_1x)
+
+
+def test_quick_entropy_grows_with_length_and_the_factor_lowers_it(quick):
+    _, s = quick
+    e = s["entropy"]["variants"]
+    lens = s["config"]["eval_lens"]
+    for variant in ("nope", "rope"):
+        off = [e[variant]["off"][str(n)]["mean"]["mean"] for n in lens]
+        assert off == sorted(off) and off[-1] > off[0] + 0.2, (variant, off)
+        for n in lens[1:]:
+            # A temperature > 1 on the logits sharpens every row of the first layer.
+            assert (
+                e[variant]["on"][str(n)]["layers"][0]["mean"]
+                < e[variant]["off"][str(n)]["layers"][0]["mean"]
+            )
+    assert set(e) == {"nope", "rope", "rope+pi", "rope+ntk", "rope+dynamic"}
+
+
+def test_quick_race_starts_where_inference_time_scaling_is_and_pi_recovers(quick):
+    _, s = quick
+    rc = s["race"]
+    n = str(rc["race_len"])
+    assert rc["runs"] == 2 and set(rc["entrants"]) == {"rope", "rope+pi", "rope+yarn"}
+    first, last = str(rc["steps"][0]), str(rc["steps"][-1])
+    # N = 0 is the trained model under the schedule: the sweep's own rope+pi number.
+    pi = rc["entrants"]["rope+pi"]
+    assert pi[first]["loss_past"][n]["mean"] == pytest.approx(
+        s["results"]["rope+pi"][n]["past"]["mean"], rel=1e-6
+    )
+    assert pi[first]["loss_past"][n]["std"] == 0.0  # both runs start from the same model
+    # Position interpolation without fine-tuning is far off; a few steps recover most of it.
+    assert pi[last]["loss_past"][n]["mean"] < pi[first]["loss_past"][n]["mean"] - 0.1
+
+
+def test_quick_report_names_coinciding_lines_and_writes_every_plot(quick):
+    out, s = quick
+    assert ["rope+ntk", "rope+dynamic"] in s["coincide"]
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "rope+ntk and rope+dynamic give the same loss at every length" in md
+    assert "Retrieval accuracy" in md and "Attention entropy" in md and "fine-tuning race" in md
+    names = {os.path.basename(p) for p in s["plots"]}
+    assert names == {
+        "loss_vs_length.png",
+        "loss_vs_position.png",
+        "retrieval.png",
+        "entropy.png",
+        "race.png",
+    }
+
+
+def test_a_finished_race_is_read_back_and_a_resumed_one_gives_the_same_numbers(quick):
+    out, _ = quick
+    job = ("race", "rope+pi", 0, 1)
+    again = sweep._run_one(QUICK_TASKS, job, out)
+    ckpt, result = sweep.job_paths(out, "rope+pi", 0, "race", 1)
+    os.remove(result)  # the checkpoint holds every milestone: nothing is trained again
+    assert sweep._run_one(QUICK_TASKS, job, out)["milestones"] == again["milestones"]
+    assert os.path.exists(ckpt)
+
+
+# --- the protocol file and bad input -----------------------------------------------------------
+
+
+def test_another_protocols_out_is_refused_before_anything_is_written(quick, capsys):
+    out, _ = quick
+    before = sorted(os.walk(out))
+    stamps = {f: os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs}
+    with pytest.raises(ValueError, match=r"holds results of another protocol .*steps 300 != 200"):
+        sweep.run(dataclasses.replace(QUICK_TASKS, steps=200), out, quiet=True)
+    code = cli.main(["lab", "--quick", "--steps", "200", "--out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "another protocol" in err[0]
+    assert sorted(os.walk(out)) == before
+    assert stamps == {
+        f: os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs
+    }
+    # Fewer trained encodings is the same protocol: their jobs are reused, not refused. (The
+    # rope jobs' digests name the scalings they evaluate: another set is another rope job.)
+    fewer = ("rope", "rope+pi", "rope+ntk", "rope+dynamic")
+    sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=fewer), out)
+    with pytest.raises(ValueError, match="rope-seed0.json was made with other settings"):
+        sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=("rope",)), out)
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--tasks", "lm", "qa"], "--tasks must name one or more of lm, retrieval, entropy, race"),
+        (["--variants", "rope+longrope"], "unknown variant"),
+        (["--eval-lens", "16", "64"], "--eval-lens must be >= --train-len 32"),
+        (["--race-len", "32"], "--race-len must be an integer above --train-len 32"),
+        (
+            ["--race-steps", "20", "0"],
+            "--race-steps must be one or more integers >= 0 in increasing order",
+        ),
+        (["--race-seeds", "1", "1"], "--race-seeds must be one or more distinct"),
+    ],
+)
+def test_bad_lab_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, match):
+    out = tmp_path / "out"
+    assert cli.main(["lab", "--quick", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match.split(" .*")[0] in err[0], err
+    assert not out.exists()
+
+
+def test_a_corpus_too_small_for_the_windows_is_refused(tmp_path, capsys):
+    small = tmp_path / "small.txt"
+    small.write_text("in the beginning " * 20)
+    out = tmp_path / "out"
+    assert cli.main(["lab", "--quick", "--corpus", str(small), "--out", str(out)]) == 2
+    assert "too short for evaluation windows" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_race_entrants_and_schedules():
+    assert race.schedule("rope", 64, 256) is None
+    assert race.schedule("rope+llama3", 64, 256) == sc.Llama3(4.0, 1.0, 4.0, 64)
+    with pytest.raises(ValueError, match="unknown race entrant 'rope\\+xl'"):
+        race.schedule("rope+xl", 64, 256)
+
+
+def test_protocol_is_json_and_leaves_out_what_only_picks_jobs():
+    p = sweep.LabConfig().protocol()
+    assert json.loads(json.dumps(p)) == p
+    assert not {"variants", "seeds", "tasks", "workers", "race_seeds", "race_entrants"} & set(p)
+    # Adding a scaling changes only the rope jobs' digests.
+    a, b = sweep.LabConfig(), sweep.LabConfig(variants=("rope", "alibi"))
+    assert a.digest("alibi", 0) == b.digest("alibi", 0)
+    assert a.digest("rope", 0) != b.digest("rope", 0)
+    assert a.digest("rope", 0, "race", 0) != a.digest("rope", 0, "race", 1)
