@@ -4,7 +4,8 @@ lab run that ships with posemb, from the full run in ``docs/lab/results.json``:
     python scripts/make_lab_summary.py [RESULTS_JSON]
 
 It keeps what the lesson's claims read (:func:`posemb.lab.report.compact`); after a new default
-run (``posemb lab --seeds 0 1 --out docs/lab``) run this, then the tests, which check that the
+run (``posemb lab --out DIR``; copy its results.json,
+results.md and plots to docs/lab) run this, then the tests, which check that the
 shipped file equals ``compact`` of ``docs/lab/results.json``.
 """
 

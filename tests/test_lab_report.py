@@ -31,6 +31,10 @@ def test_compact_keeps_every_mean_and_drops_the_curves():
         "config",
         "versions",
         "results",
+        "coincide",
+        "retrieval",
+        "entropy",
+        "race",
     }
     assert small["train_len"] == 64 and small["eval_lens"] == [64, 128, 256, 512, 1024]
     assert small["corpus"]["name"] == "kjv" and small["config"] == full["config"]
@@ -47,7 +51,16 @@ def test_compact_keeps_every_mean_and_drops_the_curves():
             assert 0 < got["all"]["mean"] < math.log(small["corpus"]["vocab"])
     # At its training length a trained model beats the unigram entropy.
     assert small["results"]["rope"]["64"]["all"]["mean"] < small["unigram_entropy"]
-    assert len(json.dumps(small)) < len(json.dumps(full)) / 20
+    assert len(json.dumps(small)) < len(json.dumps(full)) / 5
+    # The default run measures every task for every encoding, so the page can draw them.
+    variants = set(full["config"]["variants"])
+    assert set(small["retrieval"]["variants"]) == variants
+    assert set(small["entropy"]["variants"]) == variants
+    assert set(small["race"]["entrants"]) == set(full["config"]["race_entrants"])
+    assert ["rope+ntk", "rope+dynamic"] in small["coincide"]
+    for per_len in small["retrieval"]["variants"].values():
+        for e in per_len.values():
+            assert 0 <= e["anywhere"]["mean"] <= 1 and e["control"]["total"] > 0
 
 
 def test_write_default_summary_round_trips(tmp_path):

@@ -228,7 +228,7 @@ def test_another_protocols_out_is_refused_before_anything_is_written(quick, caps
     # rope jobs' digests name the scalings they evaluate: another set is another rope job.)
     fewer = ("rope", "rope+pi", "rope+ntk", "rope+dynamic")
     sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=fewer), out)
-    with pytest.raises(ValueError, match="rope-seed0.json was made with other settings"):
+    with pytest.raises(ValueError, match=r"rope-seed0\.json was made with other settings"):
         sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=("rope",)), out)
 
 

@@ -2,7 +2,7 @@
 summary of the default run that ships with posemb.
 
 ``src/posemb/lab/data/default_summary.json`` is :func:`compact` of ``docs/lab/results.json``
-(the default protocol, ``posemb lab --seeds 0 1``); ``python scripts/make_lab_summary.py``
+(the default protocol, ``posemb lab``); ``python scripts/make_lab_summary.py``
 regenerates it, and a test checks that it still matches.
 """
 
@@ -265,15 +265,22 @@ def write(summary: dict, out: str) -> list[str]:
 
 
 def compact(summary: dict) -> dict[str, object]:
-    """What a lesson claim needs from a sweep's summary (results.json), without the curves.
+    """What the lesson's claims and figures need from a sweep's summary (results.json), without
+    the per-position curves.
 
     Returns ``{"corpus": {"name", "characters", "vocab"}, "unigram_entropy", "train_len",
-    "eval_lens", "config", "versions", "results"}`` where ``results[variant][str(eval_len)]``
-    is ``{"all": {"mean", "std", "n"}, "past": {"mean", "std", "n"} or None}``: the loss in
-    nats/char over all positions and past the training length (None at the training length),
-    mean over ``n`` seeds, ``std`` None when ``n`` is 1. JSON-ready (lists, not tuples).
+    "eval_lens", "config", "versions", "results", "coincide", "retrieval", "entropy", "race"}``
+    where ``results[variant][str(eval_len)]`` is ``{"all": {"mean", "std", "n"}, "past":
+    {"mean", "std", "n"} or None}``: the loss in nats/char over all positions and past the
+    training length (None at the training length), mean over ``n`` seeds, ``std`` None when
+    ``n`` is 1. ``retrieval`` keeps accuracy by length (``anywhere``, ``control``) and by
+    distance pooled over lengths; ``entropy`` the per-layer means and the mean over layers;
+    ``race`` is kept whole. The last three are None for a sweep that did not run them.
+    JSON-ready (lists, not tuples).
     """
     cfg = json.loads(json.dumps(summary["config"]))
+    r = summary.get("retrieval")
+    e = summary.get("entropy")
     return {
         "corpus": dict(summary["corpus"]),
         "unigram_entropy": summary["unigram_entropy"],
@@ -288,6 +295,35 @@ def compact(summary: dict) -> dict[str, object]:
             }
             for variant, per_len in summary["results"].items()
         },
+        "coincide": summary.get("coincide") or [],
+        "retrieval": None
+        if not r
+        else {
+            "chance": r["chance"],
+            "facts": r["facts"],
+            "probes": r["probes"],
+            "variants": {
+                v: {n: {k: x[k] for k in ("anywhere", "control")} for n, x in per_len.items()}
+                for v, per_len in r["variants"].items()
+            },
+            "by_distance": r["by_distance"],
+        },
+        "entropy": None
+        if not e
+        else {
+            "uniform": e["uniform"],
+            "variants": {
+                v: {
+                    mode: {
+                        n: {"layers": [x["mean"] for x in at["layers"]], "mean": at["mean"]}
+                        for n, at in per_len.items()
+                    }
+                    for mode, per_len in modes.items()
+                }
+                for v, modes in e["variants"].items()
+            },
+        },
+        "race": summary.get("race"),
     }
 
 
