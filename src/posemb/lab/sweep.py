@@ -372,40 +372,21 @@ def run_job(
     model = TinyLM(mcfg)
     opt = adamw(model, cfg.lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
-    step, started, last_loss = 0, time.time(), None
-    ckpt = _load_checkpoint(ckpt_path, digest)
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
-        step, last_loss = int(ckpt["step"]), ckpt.get("loss")
-
-    bar = _progress(cfg.steps, f"{encoding} seed {seed}", slot, quiet, initial=step)
-
-    def on_step(done: int, loss: float) -> None:
-        bar(1, loss)
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            state = {
-                "digest": digest,
-                "step": done,
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "generator": gen.get_state(),
-                "loss": loss,
-            }
-            _save_checkpoint(state, ckpt_path)
-
-    loss = train(
+    started = time.time()
+    last_loss = _train_resumable(
         model,
         opt,
+        gen,
         lambda _: next_token(windows(data.train, cfg.train_len, cfg.batch, gen)),
         cfg.steps,
         lambda s: warmup_cosine(s, cfg.steps, cfg.lr),
-        start=step,
-        on_step=on_step,
+        ckpt_path,
+        digest,
+        cfg.checkpoint_every,
+        f"{encoding} seed {seed}",
+        slot,
+        quiet,
     )
-    last_loss = last_loss if loss is None else loss
-    bar(0, None, close=True)
     train_s = time.time() - started
 
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
