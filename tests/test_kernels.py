@@ -1,5 +1,8 @@
 """Every fused path against the reference: forward, backward, dtypes, layouts, shapes, offsets."""
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -388,3 +391,60 @@ def test_opcheck_triton_ops_with_positions_offsets_and_packed_sequences(inplace)
     for qq, kk, p, o, cu, max_len in cases:
         args = (qq, kk, cos, sin, None, None, False, False, p, o, cu, max_len, 0)
         torch.library.opcheck(op.default, args, test_utils=TRITON_OPCHECKS)
+
+
+def _cache_copy(tmp_path, monkeypatch) -> tuple[str, dict[str, str]]:
+    """A copy of this machine's built extension folder under a private TORCH_EXTENSIONS_DIR,
+    so that a test can leave lock files in it without touching the user's cache."""
+    import shutil
+
+    from posemb.kernels import cpu
+
+    assert cpu.load() is not None, cpu.unavailable_reason()
+    name, _ = cpu._flags()
+    real = cpu._build_folder(name)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = cpu._build_folder(name)
+    for entry in os.listdir(real):
+        if entry not in ("lock", "posemb.flock"):
+            shutil.copy2(os.path.join(real, entry), folder)
+    return folder, {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+
+
+_LOAD = "from posemb.kernels import cpu; assert cpu.load() is not None, cpu.unavailable_reason()"
+
+
+def test_a_lock_left_by_a_killed_process_does_not_hang_the_next_load(tmp_path, monkeypatch):
+    # torch polls its `lock` file forever; one left by a killed `posemb kernels --build` hung CI.
+    import subprocess
+
+    folder, env = _cache_copy(tmp_path, monkeypatch)
+    open(os.path.join(folder, "lock"), "w").close()
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    assert "left by a process killed while loading the kernel" in done.stderr
+    assert not os.path.exists(os.path.join(folder, "lock"))
+
+
+def test_a_live_build_is_waited_for_not_robbed(tmp_path, monkeypatch):
+    import fcntl
+    import subprocess
+    import time
+
+    folder, env = _cache_copy(tmp_path, monkeypatch)
+    lock = os.path.join(folder, "lock")
+    with open(os.path.join(folder, "posemb.flock"), "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another posemb process is mid-build
+        open(lock, "w").close()
+        waiting = subprocess.Popen(
+            [sys.executable, "-c", _LOAD], env=env, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(8.0)  # importing torch takes 2-4 s here; the load must still be waiting
+        assert waiting.poll() is None and os.path.exists(lock)
+        os.remove(lock)
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    _, err = waiting.communicate(timeout=180)
+    assert waiting.returncode == 0, err
+    assert "left by a process killed" not in err

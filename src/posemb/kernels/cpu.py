@@ -17,18 +17,28 @@ of the fresh 134 MB output dominate both (``THP_MEM_ALLOC_ENABLE=1`` halves them
 The extension takes 20-30 s to compile once per machine (cached under ``TORCH_EXTENSIONS_DIR``);
 nothing is compiled at import.
 
+A killed process must not hang the next one. torch guards every load (not only a first build)
+with a ``lock`` file that it creates and deletes itself; a process killed inside that window
+leaves the file behind, and every later load of the same extension polls for it forever (this
+hung a CI run for 90 minutes at ``posemb kernels --build``). posemb therefore takes an ``flock``
+on ``posemb.flock`` in the build folder around torch's call: the kernel releases an flock when
+its holder dies, so a ``lock`` file found while holding it was left by a dead process, and is
+removed with a warning.
+
 Where it cannot run (no C++ compiler, no ninja, a failed build) posemb falls back to the
 reference and says so once through ``logging``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -92,13 +102,16 @@ def load(verbose: bool = False) -> ModuleType | None:
                     flush=True,
                 )
             try:
-                _ext = build(
-                    name,
-                    sources=[str(_SOURCE)],
-                    extra_cflags=flags,
-                    extra_ldflags=["-fopenmp"],
-                    verbose=verbose,
-                )
+                folder = _build_folder(name)
+                with _exclusive(folder):
+                    _ext = build(
+                        name,
+                        sources=[str(_SOURCE)],
+                        extra_cflags=flags,
+                        extra_ldflags=["-fopenmp"],
+                        build_directory=folder,
+                        verbose=verbose,
+                    )
             except Exception as err:  # a build failure must not break the reference path
                 _error = f"building the extension failed: {str(err).splitlines()[0][:300]}"
         if _error is not None:
@@ -106,12 +119,43 @@ def load(verbose: bool = False) -> ModuleType | None:
         return _ext
 
 
+def _build_folder(name: str) -> str:
+    """torch's build folder for extension ``name`` (created if missing): the folder torch
+    would pick itself, named here so that posemb's lock and torch's build share it."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return str(_get_build_directory(name, verbose=False))
+
+
+@contextlib.contextmanager
+def _exclusive(folder: str) -> Iterator[None]:
+    """Hold an flock on ``folder/posemb.flock``; under it, remove a ``lock`` file that a dead
+    process left (see the module docstring for why that file can only be stale here)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): torch's own lock alone, as before
+        yield
+        return
+    with open(os.path.join(folder, "posemb.flock"), "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(folder, "lock")
+            if os.path.exists(stale):
+                logger.warning(
+                    "posemb: removing %s, left by a process killed while loading the kernel",
+                    stale,
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def _is_built(name: str) -> bool:
     """Is a build of extension ``name`` already in torch's extension cache?"""
     try:
-        from torch.utils.cpp_extension import _get_build_directory
-
-        folder = _get_build_directory(name, verbose=False)
+        folder = _build_folder(name)
     except Exception:  # a private helper: if it moves, say nothing rather than fail
         return True
     return os.path.exists(os.path.join(folder, f"{name}.so"))
