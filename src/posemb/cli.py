@@ -179,7 +179,21 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
     from .lab import report, sweep
 
-    base = sweep.quick_config() if args.quick else sweep.LabConfig()
+    preset = args.preset
+    if args.quick:
+        if preset not in (None, "quick"):
+            raise ValueError(f"--quick is --preset quick; it cannot be used with --preset {preset}")
+        preset = "quick"
+    if preset == "gpu" and args.device in (None, "auto"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--preset gpu trains on --device cuda, and no CUDA GPU is visible here; add "
+                "--device cpu to run it on the CPU anyway (hours to days), or use --preset quick"
+            )
+    presets = {"quick": sweep.quick_config, "gpu": sweep.gpu_config}
+    base = presets[preset]() if preset else sweep.LabConfig()
     eval_lens = tuple(args.eval_lens) if args.eval_lens else None
     if args.train_len is not None and eval_lens is None:
         eval_lens = tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
@@ -202,11 +216,14 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "race_len": args.race_len,
             "race_steps": tuple(args.race_steps) if args.race_steps else None,
             "race_seeds": tuple(args.race_seeds) if args.race_seeds else None,
+            "batch": args.batch,
+            "device": args.device,
+            "data_parallel": args.data_parallel or None,
         }.items()
         if v is not None
     }
     cfg = dataclasses.replace(base, **overrides)
-    out = args.out or ("lab-quick" if args.quick else "lab-results")
+    out = args.out or {"quick": "lab-quick", "gpu": "lab-gpu"}.get(preset or "", "lab-results")
     summary = sweep.run(cfg, out, quiet=args.json)
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
@@ -382,8 +399,31 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--race-len", type=int, help="length the race fine-tunes at (default 4x)")
     lab.add_argument("--race-steps", type=int, nargs="+", help="race milestones N (steps)")
     lab.add_argument("--race-seeds", type=int, nargs="+", help="fine-tuning seeds of the race")
-    lab.add_argument("--out", help="output folder (default lab-results, or lab-quick)")
-    lab.add_argument("--quick", action="store_true", help="a small protocol (< 1 minute)")
+    lab.add_argument(
+        "--batch",
+        type=int,
+        help="windows per step (default 32), over all ranks with --data-parallel",
+    )
+    lab.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        help="where the language models train: cpu (default; cuda with --preset gpu), cuda "
+        "(cuda:LOCAL_RANK), auto (cuda if any); retrieval models and the race stay on the CPU",
+    )
+    lab.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="under torchrun, train each language model over all ranks (DDP) instead of "
+        "dealing jobs",
+    )
+    lab.add_argument("--out", help="output folder (default lab-results, lab-quick or lab-gpu)")
+    lab.add_argument(
+        "--preset",
+        choices=("quick", "gpu"),
+        help="quick: a small protocol (< 1 minute); gpu: train at 512, evaluate to 8192, an "
+        "8-layer width-512 model on CUDA, loss and entropy (~15-20 min on one H200, an estimate)",
+    )
+    lab.add_argument("--quick", action="store_true", help="the same as --preset quick")
     lab.add_argument("--json", action="store_true", help="print results as JSON, no progress")
     lab.set_defaults(func=_cmd_lab)
     return parser

@@ -32,6 +32,7 @@ from .. import scaling as sc
 from .._io import atomic_write, atomic_write_bytes
 from .._version import __version__
 from . import corpus as _corpus
+from . import distributed as _dp
 from . import entropy as _entropy
 from . import race as _race
 from . import report
@@ -61,7 +62,19 @@ _POSITIVE = (
     "entropy_windows",
 )
 # Settings that change no job's numbers, or that say which jobs run rather than what they do.
-_NOT_PROTOCOL = ("variants", "seeds", "tasks", "workers", "race_seeds", "race_entrants")
+# device and data_parallel change numbers by float rounding only, as the thread count does
+# (other kernels, other summation orders; tests/test_lab_distributed.py bounds it): hashing them
+# would refuse to resume a CPU checkpoint on a GPU or under torchrun. Each result records both.
+_NOT_PROTOCOL = (
+    "variants",
+    "seeds",
+    "tasks",
+    "workers",
+    "race_seeds",
+    "race_entrants",
+    "device",
+    "data_parallel",
+)
 _RETRIEVAL_KEYS = (
     "train_len",
     "eval_lens",
@@ -87,7 +100,8 @@ def _is_int(v: object) -> bool:
 
 @dataclass(frozen=True)
 class LabConfig:
-    """Everything that determines the numbers (hashed into checkpoints and results).
+    """Everything that determines the numbers (hashed into checkpoints and results), and how
+    the jobs run (``workers``, ``device``, ``data_parallel``: not hashed, see ``_NOT_PROTOCOL``).
 
     Validated at construction: a bad value raises ``ValueError`` naming the setting (as its
     ``posemb lab`` flag), the value and what is allowed. Sequences are stored as tuples.
@@ -122,6 +136,8 @@ class LabConfig:
     race_seeds: tuple[int, ...] = (0, 1)
     race_entrants: tuple[str, ...] = _race.ENTRANTS
     workers: int = field(default=2, compare=False)
+    device: str = field(default="cpu", compare=False)
+    data_parallel: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -221,6 +237,12 @@ class LabConfig:
             raise ValueError(
                 f"--finetune-len {ft_len} needs --finetune-steps > 0 (it would be ignored)"
             )
+        if self.device not in _dp.DEVICES:  # whether CUDA is there is checked when run
+            raise ValueError(
+                f"--device must be one of {', '.join(_dp.DEVICES)}, got {self.device!r}"
+            )
+        if not isinstance(self.data_parallel, bool):
+            raise ValueError(f"--data-parallel must be True or False, got {self.data_parallel!r}")
 
     def digest(
         self, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
@@ -278,6 +300,58 @@ def quick_config(**overrides: Any) -> LabConfig:
         race_len=64,
         race_steps=(0, 20, 40),
         race_entrants=("rope", "rope+pi", "rope+yarn"),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def gpu_config(**overrides: Any) -> LabConfig:
+    """``--preset gpu``: closer to the ALiBi paper's setting (Press et al. 2022 train at 512
+    tokens and compare sinusoidal, rotary, T5 bias and ALiBi on longer inputs), for one GPU.
+
+    Train at 512 characters, evaluate at 512-8192 (1x-16x); 8 layers, width 512, 8 heads
+    (25.2M parameters outside the 63-character embedding and output layers); 2,000 steps of
+    32 windows (16,384 tokens a step, 32.8M tokens: ~8 passes over the 3.9M training
+    characters of the KJV, so watch the held-out loss); on CUDA. The learning rate, 1e-3, is
+    a guess for this width, not tuned. ``rope+yarn`` costs only evaluation. Tasks: loss and
+    attention entropy; retrieval and the race are the CPU protocol's (their small models and
+    the race's fine-tuning run on the CPU whatever ``--device`` says).
+
+    Expected run time: about 15-20 minutes on one H200. This is an ESTIMATE from FLOPs, not a
+    measurement (it was written on a CPU-only machine):
+
+    - per step, 6 N T = 6 x 25.2e6 x 16,384 = 2.48e12 FLOPs for the weights (forward 2,
+      backward 4 per parameter and token), plus attention 3 x 4 B L^2 d x layers =
+      3 x 4 x 32 x 512^2 x 512 x 8 = 0.41e12 (scores and weighted sum, forward and backward,
+      the causal half not subtracted), plus 0.003e12 for the output layer: ~2.9e12;
+    - 2,000 steps: 5.8e15 FLOPs per trained model, 4 models (sinusoidal, rope, t5, alibi):
+      2.3e16;
+    - assumed sustained throughput 20-25e12 FLOP/s: torch computes float32 matmuls without
+      TF32 by default, and an H200's float32 peak is ~67e12 FLOP/s; small matmuls, layer
+      norms, GELU and AdamW take a share of that: 3.9-4.8 minutes per model, 15-19 minutes for
+      four; evaluation (16 windows at each length, 3 variants on the rope model) adds ~3e13
+      FLOPs per pass, seconds.
+
+    The same arithmetic for the default model (4 layers, width 128) at 32 windows of 128
+    tokens gives 2.2e10 FLOPs a step, and the project's 2-core CPU measures 440-520 ms a step
+    there (~47e9 FLOP/s), so the FLOP count is of the right size; the GPU's sustained fraction
+    is the uncertain part. ``--data-parallel`` over N GPUs divides the training time by up to
+    N (``--batch`` must be a multiple of N).
+    """
+    base = LabConfig(
+        variants=("sinusoidal", "rope", "t5", "alibi", "rope+yarn"),
+        train_len=512,
+        eval_lens=(512, 1024, 2048, 4096, 8192),
+        steps=2000,
+        width=512,
+        layers=8,
+        heads=8,
+        batch=32,
+        lr=1e-3,
+        eval_windows=16,
+        checkpoint_every=250,
+        workers=1,
+        device="cuda",
+        tasks=("lm", "entropy"),
     )
     return dataclasses.replace(base, **overrides)
 
@@ -350,14 +424,24 @@ def run_job(
     """Train ``encoding`` with ``seed`` (resuming from a checkpoint), evaluate, save the result.
 
     Returns the job's result (also written to ``runs/<encoding>-seed<seed>.json``): its digest,
-    encoding, seed, train_seconds, final_train_loss and, per variant and evaluation length,
-    the mean loss over all positions, past the training length, and per position.
+    encoding, seed, train_seconds, final_train_loss, device and data_parallel_ranks (where the
+    model trained) and, per variant and evaluation length, the mean loss over all positions,
+    past the training length, and per position.
+
+    The model trains and is evaluated on ``cfg.device``. With ``cfg.data_parallel`` in a
+    joined process group (:func:`posemb.lab.distributed.join`) every rank must call this
+    together: the model trains over all ranks (:func:`posemb.lab.distributed.train_sharded`),
+    rank 0 alone writes checkpoints, evaluates and writes the result, and every rank returns
+    that result.
     """
     ckpt_path, result_path = job_paths(out, encoding, seed)
     digest = cfg.digest(encoding, seed)
+    rank, world = _dp.group(cfg.data_parallel)
     done = _load_result(result_path, digest)
+    _dp.agree(int(done is not None), f"finished results in {result_path}", world)
     if done is not None:
         return done
+    device = _dp.rank_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)
     mcfg = ModelConfig(
         vocab=len(data.vocab),
@@ -369,10 +453,12 @@ def run_job(
         max_len=max(cfg.eval_lens),
     )
     torch.manual_seed(seed)
-    model = TinyLM(mcfg)
+    model = TinyLM(mcfg).to(device)  # initialised on the CPU: the same weights on any device
     opt = adamw(model, cfg.lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
     started = time.time()
+    # Every rank draws the whole batch from the same generator (a one-process run's data) and
+    # trains on its slice; the generator's state in a checkpoint is then every rank's.
     last_loss = _train_resumable(
         model,
         opt,
@@ -386,19 +472,25 @@ def run_job(
         f"{encoding} seed {seed}",
         slot,
         quiet,
+        rank=rank,
+        world=world,
     )
     train_s = time.time() - started
+    if rank != 0:
+        return _dp.from_rank0(None, world)
 
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
-    held = {n: windows(data.held_out, n, cfg.eval_windows, eval_gen) for n in cfg.eval_lens}
-    evals = {encoding: {n: per_position_loss(model, held[n]) for n in cfg.eval_lens}}
+    held = {
+        n: windows(data.held_out, n, cfg.eval_windows, eval_gen).to(device) for n in cfg.eval_lens
+    }
+    evals = {encoding: {n: _loss_curve(model, held[n]) for n in cfg.eval_lens}}
     if encoding == "rope":
         for variant in SCALINGS:
             if variant in cfg.variants:
                 per_len = {}
                 for n in cfg.eval_lens:
                     model.set_scaling(scaling_for(variant, cfg.train_len, n))
-                    per_len[n] = per_position_loss(model, held[n])
+                    per_len[n] = _loss_curve(model, held[n])
                 evals[variant] = per_len
         model.set_scaling(None)
         if cfg.finetune_steps:
@@ -415,6 +507,8 @@ def run_job(
         "seed": seed,
         "train_seconds": train_s,
         "final_train_loss": last_loss,
+        "device": str(device),
+        "data_parallel_ranks": world,
         "variants": {
             v: {
                 str(n): {
@@ -429,7 +523,12 @@ def run_job(
         "entropy": entropy,
     }
     atomic_write_bytes(result_path, json.dumps(result).encode())
-    return result
+    return _dp.from_rank0(result, world)
+
+
+def _loss_curve(model: TinyLM, w: torch.Tensor) -> torch.Tensor:
+    """:func:`per_position_loss` on the CPU (the result reads it position by position)."""
+    return per_position_loss(model, w).cpu()
 
 
 def _train_resumable(
@@ -445,9 +544,17 @@ def _train_resumable(
     label: str,
     slot: int,
     quiet: bool,
+    *,
+    rank: int = 0,
+    world: int = 1,
 ) -> float | None:
     """Train from the checkpoint at ``ckpt_path`` if there is one (refused if made with other
-    settings), saving one every ``every`` steps and at the end; the last loss."""
+    settings), saving one every ``every`` steps and at the end; the last loss.
+
+    ``batch_at`` gives the step's whole batch; with ``world`` > 1 rank ``rank`` trains on its
+    slice (:func:`posemb.lab.distributed.train_sharded`), every rank resumes from the same
+    checkpoint (checked) and rank 0 alone writes them.
+    """
     step, last = 0, None
     ckpt = _load_checkpoint(ckpt_path, digest)
     if ckpt is not None:
@@ -455,11 +562,12 @@ def _train_resumable(
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["generator"])
         step, last = int(ckpt["step"]), ckpt.get("loss")
-    bar = _progress(steps, label, slot, quiet, initial=step)
+    _dp.agree(step, f"checkpoint steps in {ckpt_path}", world)
+    bar = _progress(steps, label, slot, quiet or rank != 0, initial=step)
 
     def on_step(done: int, loss: float) -> None:
         bar(1, loss)
-        if done % every == 0 or done == steps:
+        if rank == 0 and (done % every == 0 or done == steps):
             state = {
                 "digest": digest,
                 "step": done,
@@ -470,7 +578,9 @@ def _train_resumable(
             }
             _save_checkpoint(state, ckpt_path)
 
-    loss = train(model, opt, batch_at, steps, lr_at, start=step, on_step=on_step)
+    loss = _dp.train_sharded(
+        model, opt, batch_at, steps, lr_at, rank=rank, world=world, start=step, on_step=on_step
+    )
     bar(0, None, close=True)
     return last if loss is None else loss
 
@@ -674,17 +784,18 @@ def _finetune_pi(
     ft.set_scaling(sc.Linear(s_ft))
     batch = max(1, cfg.batch * cfg.train_len // length)
     lr = cfg.lr * FINETUNE_LR_FRACTION
+    device = next(ft.parameters()).device
     train(
         ft,
         adamw(ft, lr, WEIGHT_DECAY),
-        lambda _: next_token(windows(data.train, length, batch, gen)),
+        lambda _: next_token(windows(data.train, length, batch, gen).to(device)),
         cfg.finetune_steps,
         lambda _: lr,
     )
     out = {}
     for n in cfg.eval_lens:
         ft.set_scaling(sc.Linear(max(s_ft, n / cfg.train_len)))
-        out[n] = per_position_loss(ft, held[n])
+        out[n] = _loss_curve(ft, held[n])
     return out
 
 
@@ -768,16 +879,20 @@ def all_jobs(cfg: LabConfig) -> tuple[list[Job], list[Job]]:
     return first, second
 
 
-def _distributed() -> tuple[int, int]:
-    """(rank, world size) under torchrun, joining the gloo group; (0, 1) otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
+_distributed = _dp.join  # the group logic lives in distributed.py; its old name stays here
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return dist.get_rank(), world
+
+def _finished(cfg: LabConfig, job: Job, out: str) -> dict:
+    """A job's result from its file (``ValueError`` if it is missing or from other settings).
+
+    The report reads results this way, never through ``run_job``: in a data-parallel sweep
+    that would wait for the other ranks, which are already waiting for the report."""
+    kind, name, seed, race_seed = job
+    path = job_paths(out, name, seed, kind, race_seed)[1]
+    done = _load_result(path, cfg.digest(name, seed, kind, race_seed))
+    if done is None:
+        raise ValueError(f"result {path} is missing: a rank did not finish its jobs")
+    return done
 
 
 PROTOCOL = "protocol.json"
@@ -819,27 +934,40 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     """Run (or resume) the sweep into ``out``; write results.json, results.md and plots.
 
     Phase one trains every LM and retrieval model; phase two runs the fine-tuning race from
-    the RoPE models. Under ``torchrun`` (gloo, CPU) each phase's jobs are dealt round-robin to
-    the ranks, each rank runs its share with its own workers, and rank 0 writes the report
-    once all have finished; ``out`` must be a folder every rank can read (the same machine, or
-    a shared filesystem). Only rank 0 returns the summary (:func:`posemb.lab.report.summarise`,
-    plus ``plots``: the files written).
+    the RoPE models. Under ``torchrun`` each phase's jobs are dealt round-robin to the ranks
+    (over gloo), each rank runs its share with its own workers, and rank 0 writes the report
+    once all have finished. With ``cfg.data_parallel`` the language-model jobs run on every
+    rank instead, one after another, each model trained data-parallel over all ranks (NCCL on
+    CUDA, else gloo; ``cfg.batch`` a multiple of the world size); the retrieval and race jobs
+    are still dealt. Either way ``out`` must be a folder every rank can read (the same
+    machine, or a shared filesystem). Only rank 0 returns the summary
+    (:func:`posemb.lab.report.summarise`, plus ``plots``: the files written).
     """
+    _dp.resolve_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
     if len(data.train) < cfg.race_len + 2 and "race" in cfg.tasks:
         raise ValueError(
             f"corpus {data.name!r} has {len(data.train):,} training characters: too few for "
             f"--race-len {cfg.race_len} windows"
         )
+    # A dealt sweep's group only waits at barriers: gloo does that whatever the device.
+    rank, world = _dp.join(cfg.device if cfg.data_parallel else "cpu")
+    data_parallel = cfg.data_parallel and world > 1
+    if data_parallel:
+        _dp.check_batch(cfg.batch, world)
     preflight(cfg, out)
     started = time.time()
-    rank, world = _distributed()
     if rank == 0:
         atomic_write_bytes(
             os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode()
         )
     threads, workers = 1, 1
     for phase in all_jobs(cfg):
+        if data_parallel:
+            # The group lives in this process: its jobs run here, all ranks together.
+            for job in (j for j in phase if j[0] == "lm"):
+                _run_one(cfg, job, out, quiet=quiet)
+            phase = [j for j in phase if j[0] != "lm"]
         jobs = phase[rank::world]
         workers = max(1, min(cfg.workers, len(jobs)))
         threads = max(1, torch.get_num_threads() // workers)
@@ -859,9 +987,8 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
 
         dist.barrier()  # wait for rank 0's report, then leave together
         return None
-    # Every job's result, read from disk: finished jobs are not run again.
     first, second = all_jobs(cfg)
-    results = [_run_one(cfg, job, out) for job in first + second]
+    results = [_finished(cfg, job, out) for job in first + second]
     summary = report.summarise(cfg, data, results, time.time() - started, workers, threads)
     report.write(summary, out)
     if world > 1:
