@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument(
         "--batch",
         type=int,
-        help="windows per step (default 32), over all ranks with --data-parallel",
+        help="LM windows per step (default 16), over all ranks with --data-parallel",
     )
     lab.add_argument(
         "--device",

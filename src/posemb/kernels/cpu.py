@@ -22,8 +22,12 @@ with a ``lock`` file that it creates and deletes itself; a process killed inside
 leaves the file behind, and every later load of the same extension polls for it forever (this
 hung a CI run for 90 minutes at ``posemb kernels --build``). posemb therefore takes an ``flock``
 on ``posemb.flock`` in the build folder around torch's call: the kernel releases an flock when
-its holder dies, so a ``lock`` file found while holding it was left by a dead process, and is
-removed with a warning.
+its holder dies, so a ``lock`` file found while holding it was left by a dead process, or by
+a loader that does not take the flock (an older posemb sharing the cache, another host on a
+filesystem whose flocks are per host). To spare the second kind, the file is removed only
+once it is ``_STALE_AFTER`` seconds old (a build takes 20-30 s; a load, one); until then the
+load waits as torch would. Where flock is unavailable (Windows, some network filesystems)
+torch's lock alone is used, as before.
 
 Where it cannot run (no C++ compiler, no ninja, a failed build) posemb falls back to the
 reference and says so once through ``logging``.
@@ -38,6 +42,7 @@ import pathlib
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -50,6 +55,7 @@ _SOURCE = pathlib.Path(__file__).with_name("rope_cpu.cpp")
 _lock = threading.Lock()
 _ext: ModuleType | None = None
 _error: str | None = None
+_STALE_AFTER = 180.0  # seconds: far longer than any build of this kernel takes
 
 
 def _flags() -> tuple[str, list[str]]:
@@ -109,7 +115,7 @@ def load(verbose: bool = False) -> ModuleType | None:
                         sources=[str(_SOURCE)],
                         extra_cflags=flags,
                         extra_ldflags=["-fopenmp"],
-                        build_directory=folder,
+                        build_directory=folder,  # None: torch's own choice
                         verbose=verbose,
                     )
             except Exception as err:  # a build failure must not break the reference path
@@ -119,44 +125,77 @@ def load(verbose: bool = False) -> ModuleType | None:
         return _ext
 
 
-def _build_folder(name: str) -> str:
-    """torch's build folder for extension ``name`` (created if missing): the folder torch
-    would pick itself, named here so that posemb's lock and torch's build share it."""
-    from torch.utils.cpp_extension import _get_build_directory
+def _build_folder(name: str) -> str | None:
+    """torch's build folder for extension ``name`` (created if missing), so that posemb's
+    lock and torch's build share it; None if torch's private helper for it has moved."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
 
-    return str(_get_build_directory(name, verbose=False))
+        return str(_get_build_directory(name, verbose=False))
+    except (ImportError, TypeError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager
-def _exclusive(folder: str) -> Iterator[None]:
-    """Hold an flock on ``folder/posemb.flock``; under it, remove a ``lock`` file that a dead
-    process left (see the module docstring for why that file can only be stale here)."""
+def _exclusive(folder: str | None) -> Iterator[None]:
+    """Hold an flock on ``folder/posemb.flock``; under it, remove torch's ``lock`` file once
+    it is stale (see the module docstring). Without a folder or flock: nothing (torch's own
+    lock alone)."""
     try:
         import fcntl
-    except ImportError:  # no flock (Windows): torch's own lock alone, as before
+    except ImportError:
+        fcntl = None  # type: ignore[assignment]
+    if folder is None or fcntl is None:
         yield
         return
     with open(os.path.join(folder, "posemb.flock"), "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            stale = os.path.join(folder, "lock")
-            if os.path.exists(stale):
-                logger.warning(
-                    "posemb: removing %s, left by a process killed while loading the kernel",
-                    stale,
-                )
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(stale)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError:  # a filesystem without flock: torch's own lock alone, as before
+            yield
+            return
+        try:
+            _clear_stale_lock(os.path.join(folder, "lock"))
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def _clear_stale_lock(path: str, stale_after: float | None = None) -> None:
+    """Wait while torch's lock file ``path`` is younger than ``stale_after`` seconds (a live
+    loader that takes no flock); remove it once it is older (left by a dead process)."""
+    limit = _STALE_AFTER if stale_after is None else stale_after
+    said = False
+    while True:
+        try:
+            age = time.time() - os.path.getmtime(path)
+        except FileNotFoundError:
+            return
+        if age >= limit:
+            logger.warning(
+                "posemb: removing %s (%.0f s old), left by a process killed while loading "
+                "the kernel",
+                path,
+                age,
+            )
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            return
+        if not said:
+            print(
+                f"posemb: waiting for {path} (another process is loading the kernel; removed "
+                f"if it is still there {limit:.0f} s after it was made)",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
+        time.sleep(0.2)
+
+
 def _is_built(name: str) -> bool:
     """Is a build of extension ``name`` already in torch's extension cache?"""
-    try:
-        folder = _build_folder(name)
-    except Exception:  # a private helper: if it moves, say nothing rather than fail
+    folder = _build_folder(name)
+    if folder is None:  # a private helper: if it moves, say nothing rather than fail
         return True
     return os.path.exists(os.path.join(folder, f"{name}.so"))
 

@@ -8,8 +8,11 @@ the same global batch from the same seeded generator and trains on its contiguou
 DDP averages the gradients, so a step equals the one-process full-batch step up to float
 rounding. The small retrieval models and the race are still dealt, one job per rank.
 
-Backends: NCCL when the model trains on CUDA, gloo otherwise (CPU, and the barriers of a dealt
-sweep, which only wait for other ranks). Device of a rank: ``cuda:{LOCAL_RANK}`` or the CPU.
+Backends: NCCL when the models train data-parallel on CUDA (the whole group, its barriers
+included), gloo otherwise (CPU, and every dealt sweep, whose group only waits at barriers).
+Device of a rank: ``cuda:{LOCAL_RANK}`` or the CPU. A rank may wait at a collective for as long
+as another rank's job takes, so the group's timeout is ``GROUP_TIMEOUT_HOURS``, not torch's
+default.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from torch import nn
 from .train import train
 
 DEVICES = ("cpu", "cuda", "auto")
+
+# How long a rank waits at a collective. torch's defaults (10 min for NCCL, 30 for gloo) are
+# shorter than a rank may wait here: at a phase's end for another rank's last job, or for rank
+# 0's evaluation, entropy measurement and report.
+GROUP_TIMEOUT_HOURS = 12
 
 # Added to a job's seed, times the rank, for the global generator of ranks > 0 (see train_sharded).
 _RANK_SEED_STRIDE = 1_000_003
@@ -87,7 +95,9 @@ def join(device: str = "cpu") -> tuple[int, int]:
         if backend == "nccl":
             # NCCL's collectives (barrier, object broadcasts) run on the current device.
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend)
+        from datetime import timedelta
+
+        dist.init_process_group(backend, timeout=timedelta(hours=GROUP_TIMEOUT_HOURS))
     return dist.get_rank(), world
 
 

@@ -47,7 +47,7 @@ def layer_entropy(model: TinyLM, tokens: torch.Tensor, chunk: int = 2) -> list[f
     with torch.no_grad():
         for part in tokens.split(chunk):
             per_layer = [
-                float(row_entropy(w).mean()) * len(part) for w in model.attention_weights(part)
+                float(row_entropy(w).mean()) * len(part) for w in model.iter_attention_weights(part)
             ]
             totals = (
                 per_layer if not totals else [a + b for a, b in zip(totals, per_layer, strict=True)]

@@ -8,6 +8,7 @@ schedule of a trained RoPE model without touching its weights (:func:`scaling_fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -167,13 +168,16 @@ class TinyLM(nn.Module):
     def attention_weights(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """Each layer's attention probabilities on ``tokens`` ``(b, s)`` in eval mode:
         a list of ``layers`` tensors ``(b, heads, s, s)``."""
+        return list(self.iter_attention_weights(tokens))
+
+    def iter_attention_weights(self, tokens: torch.Tensor) -> Iterator[torch.Tensor]:
+        """:meth:`attention_weights` one layer at a time, so that a caller reducing each
+        ``(b, heads, s, s)`` holds one layer's (at 8192 tokens, 8 heads: 2 GiB a window)."""
         x = self.input_embeddings(tokens)
-        weights = []
         for blk in self.blocks:
             if isinstance(blk, Block):
-                weights.append(blk.attention_weights(x))
+                yield blk.attention_weights(x)
                 x = blk(x)
-        return weights
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s = tokens.shape

@@ -20,6 +20,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,7 @@ _POSITIVE = (
 # Settings that change no job's numbers, or that say which jobs run rather than what they do.
 # device and data_parallel change numbers by float rounding only, as the thread count does
 # (other kernels, other summation orders; tests/test_lab_distributed.py bounds it): hashing them
-# would refuse to resume a CPU checkpoint on a GPU or under torchrun. Each result records both.
+# would refuse to resume a CPU checkpoint on a GPU or under torchrun. Each LM result records both.
 _NOT_PROTOCOL = (
     "variants",
     "seeds",
@@ -116,7 +117,7 @@ class LabConfig:
     width: int = 128
     layers: int = 4
     heads: int = 4
-    batch: int = 32
+    batch: int = 16  # x 64 tokens; 32 took the default protocol past 15 minutes
     lr: float = 2e-3
     eval_windows: int = 16
     checkpoint_every: int = 100
@@ -955,6 +956,12 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     data_parallel = cfg.data_parallel and world > 1
     if data_parallel:
         _dp.check_batch(cfg.batch, world)
+    elif cfg.data_parallel and not quiet:
+        print(
+            "posemb lab: --data-parallel outside torchrun (WORLD_SIZE unset or 1): one process "
+            "trains every model",
+            file=sys.stderr,
+        )
     preflight(cfg, out)
     started = time.time()
     if rank == 0:
