@@ -559,13 +559,13 @@ def _plots(summary: dict, out: str) -> list[str]:
     hidden = {v: g for g in summary.get("coincide") or [] for v in g[1:]}
     names = {g[0]: " = ".join(g) for g in summary.get("coincide") or []}
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (variant, per_len) in enumerate(summary["results"].items()):
+    for variant, per_len in summary["results"].items():
         if variant in hidden:
             continue  # drawn under the first of its group, whose label names it
         xs = [n for n in lens if per_len.get(str(n), {}).get("past")]
         ys = [per_len[str(n)]["past"]["mean"] for n in xs]
         if xs:
-            ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=names.get(variant, variant))
+            ax.plot(xs, ys, **_style(variant), label=names.get(variant, variant))
     ax.axhline(summary["unigram_entropy"], color="grey", ls=":", label="unigram entropy")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
@@ -583,7 +583,8 @@ def _plots(summary: dict, out: str) -> list[str]:
             smooth = [
                 sum(curve[i : i + k]) / len(curve[i : i + k]) for i in range(0, len(curve), k)
             ]
-            ax.plot([i * k for i in range(len(smooth))], smooth, label=variant)
+            style = _style(variant) | {"marker": None}
+            ax.plot([i * k for i in range(len(smooth))], smooth, **style, label=variant)
     ax.axvline(train, color="grey", ls="--", label="training length")
     ax.set_xlabel(f"position in a {longest}-token window")
     ax.set_ylabel("loss (nats/char)")
@@ -598,22 +599,62 @@ def _plots(summary: dict, out: str) -> list[str]:
 MARKERS = "os^vD<>pP*Xhd"
 
 
+def _style(variant: str) -> dict[str, Any]:
+    """One look per variant in every plot: a trained encoding gets a solid line in its own
+    tab10 colour, an inference-time scaling (or race entrant) a dashed line in a Dark2
+    colour. With 14 variants, the default colour cycle (10) gave two variants one look."""
+    import matplotlib
+
+    from .model import SCALINGS, TRAINED
+
+    if variant in TRAINED:
+        i = TRAINED.index(variant)
+        colour = matplotlib.colormaps["tab10"](i % 10)
+        return {"color": colour, "marker": MARKERS[i % len(MARKERS)], "ls": "-"}
+    names = ["rope", *SCALINGS]
+    i = names.index(variant) if variant in names else len(names)
+    colour = matplotlib.colormaps["Dark2"](i % 8)
+    return {"color": colour, "marker": MARKERS[-1 - i % len(MARKERS)], "ls": "--"}
+
+
+def _merged(series: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Series that are exactly equal drawn once: ``{first variant: (label, data)}`` where
+    the label names every variant of the group ("rope+ntk = rope+dynamic")."""
+    out: dict[str, tuple[str, Any]] = {}
+    for variant, data in series.items():
+        twin = next((v for v, (_, d) in out.items() if d == data), None)
+        if twin is None:
+            out[variant] = (variant, data)
+        else:
+            out[twin] = (f"{out[twin][0]} = {variant}", data)
+    return out
+
+
 def _plot_retrieval(summary: dict, out: str, plt: Any) -> list[str]:
     r = summary.get("retrieval")
     if not r:
         return []
     lens, train = summary["config"]["eval_lens"], summary["config"]["train_len"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (variant, per_len) in enumerate(r["variants"].items()):
-        xs = [n for n in lens if str(n) in per_len]
-        ys = [per_len[str(n)]["anywhere"]["mean"] for n in xs]
-        err = [per_len[str(n)]["anywhere"]["se"] for n in xs]
-        ax.errorbar(xs, ys, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=2, label=variant)
+    anywhere = {
+        v: [
+            (n, p[str(n)]["anywhere"]["mean"], p[str(n)]["anywhere"]["se"])
+            for n in lens
+            if str(n) in p
+        ]
+        for v, p in r["variants"].items()
+    }
+    for variant, (label, points) in _merged(anywhere).items():
+        xs, ys, err = zip(*points, strict=True)
+        ax.errorbar(xs, ys, yerr=err, **_style(variant), capsize=2, label=label)
     bins = list(next(iter(r["by_distance"].values())))
-    for i, (variant, per_bin) in enumerate(r["by_distance"].items()):
-        xs = [j for j, b in enumerate(bins) if b in per_bin]
-        ys = [per_bin[bins[j]]["correct"] / per_bin[bins[j]]["total"] for j in xs]
-        bx.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], label=variant)
+    by_distance = {
+        v: [(j, p[b]["correct"] / p[b]["total"]) for j, b in enumerate(bins) if b in p]
+        for v, p in r["by_distance"].items()
+    }
+    for variant, (label, points) in _merged(by_distance).items():
+        xs, ys = zip(*points, strict=True)
+        bx.plot(xs, ys, **_style(variant), label=label)
     for a in (ax, bx):
         a.axhline(r["chance"], color="grey", ls=":", label="chance")
         a.set_ylim(0, 1.02)
@@ -646,16 +687,21 @@ def _plot_entropy(summary: dict, out: str, plt: Any) -> list[str]:
             ax.plot(
                 lens, [e["uniform"][str(n)] for n in lens], color="grey", ls=":", label="uniform"
             )
-            for i, (variant, modes) in enumerate(e["variants"].items()):
-                ys = [modes[mode][str(n)]["layers"][layer]["mean"] for n in lens]
-                ax.plot(lens, ys, marker=MARKERS[i % len(MARKERS)], ms=3, label=variant)
+            curves = {
+                v: [m[mode][str(n)]["layers"][layer]["mean"] for n in lens]
+                for v, m in e["variants"].items()
+            }
+            for variant, (label, ys) in _merged(curves).items():
+                ax.plot(lens, ys, **_style(variant), ms=3, label=label)
             ax.set_xscale("log", base=2)
             ax.set_title(f"layer {layer + 1}, factor {mode}", fontsize=9)
             if row == 1:
                 ax.set_xlabel("window length")
         axes[row][0].set_ylabel("attention entropy (nats)")
-    axes[0][0].legend(fontsize=6, ncol=2)
-    return [_save_figure(fig, os.path.join(out, "entropy.png"))]
+    # Below the panels: inside one, the legend hid that panel's lines.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=7, fontsize=8, frameon=False)
+    return [_save_figure(fig, os.path.join(out, "entropy.png"), bottom=0.1)]
 
 
 def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
@@ -664,13 +710,11 @@ def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
         return []
     n = str(r["race_len"])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (entrant, per_step) in enumerate(r["entrants"].items()):
+    for entrant, per_step in r["entrants"].items():
         for a, metric in ((ax, "loss_past"), (bx, "retrieval")):
             ys = [per_step[str(k)][metric][n]["mean"] for k in r["steps"]]
             err = [per_step[str(k)][metric][n]["std"] or 0.0 for k in r["steps"]]
-            a.errorbar(
-                r["steps"], ys, yerr=err, marker=MARKERS[i % len(MARKERS)], capsize=2, label=entrant
-            )
+            a.errorbar(r["steps"], ys, yerr=err, **_style(entrant), capsize=2, label=entrant)
     ax.set_ylabel(f"loss past position {summary['config']['train_len']} at {n} (nats/char)")
     bx.set_ylabel(f"retrieval accuracy at {n}")
     bx.axhline(
@@ -687,10 +731,11 @@ def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
     return [_save_figure(fig, os.path.join(out, "race.png"))]
 
 
-def _save_figure(fig: Figure, path: str) -> str:
+def _save_figure(fig: Figure, path: str, bottom: float = 0.0) -> str:
+    """Write ``fig`` atomically as a PNG, keeping the lowest ``bottom`` of it for a legend."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path
