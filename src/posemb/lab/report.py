@@ -558,7 +558,7 @@ def _plots(summary: dict, out: str) -> list[str]:
     written = []
     hidden = {v: g for g in summary.get("coincide") or [] for v in g[1:]}
     names = {g[0]: " = ".join(g) for g in summary.get("coincide") or []}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for variant, per_len in summary["results"].items():
         if variant in hidden:
             continue  # drawn under the first of its group, whose label names it
@@ -571,25 +571,26 @@ def _plots(summary: dict, out: str) -> list[str]:
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel(f"loss past position {train} (nats/char)")
     ax.set_title("Loss beyond the training length")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the lines
     written.append(_save_figure(fig, os.path.join(out, "loss_vs_length.png")))
 
     longest = str(max(lens))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, per_len in summary["results"].items():
-        curve = per_len.get(longest, {}).get("curve")
-        if curve:
-            k = max(1, len(curve) // 64)  # smooth over k positions
-            smooth = [
-                sum(curve[i : i + k]) / len(curve[i : i + k]) for i in range(0, len(curve), k)
-            ]
-            style = _style(variant) | {"marker": None}
-            ax.plot([i * k for i in range(len(smooth))], smooth, **style, label=variant)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    curves = {
+        v: per_len[longest]["curve"]
+        for v, per_len in summary["results"].items()
+        if per_len.get(longest, {}).get("curve")
+    }
+    for variant, (label, curve) in _merged(curves).items():
+        k = max(1, len(curve) // 64)  # smooth over k positions
+        smooth = [sum(curve[i : i + k]) / len(curve[i : i + k]) for i in range(0, len(curve), k)]
+        style = _style(variant) | {"marker": None}
+        ax.plot([i * k for i in range(len(smooth))], smooth, **style, label=label)
     ax.axvline(train, color="grey", ls="--", label="training length")
     ax.set_xlabel(f"position in a {longest}-token window")
     ax.set_ylabel("loss (nats/char)")
     ax.set_title("Loss by position")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     written.append(_save_figure(fig, os.path.join(out, "loss_vs_position.png")))
     for plot in (_plot_retrieval, _plot_entropy, _plot_race):
         written += plot(summary, out, plt)

@@ -524,6 +524,29 @@ IGNORES_CONTEXT = 0.1
 """A model that keeps less than a tenth of the within-training gain is treated as one that
 ignores context ("about the unigram entropy")."""
 
+MOSTLY_LOST = 0.2
+"""A model that keeps less than a fifth of the within-training gain has lost most of it. The
+sinusoidal claim used :data:`IGNORES_CONTEXT` while the default lab trained on 32 windows a
+step with one seed (it kept 0-7%); on 16 windows with two seeds it keeps 12-18%, which is still
+most of the gain lost, but no longer "about the unigram entropy", and the claim says so."""
+
+FAR = 4
+"""RoPE's loss past the training length is claimed above the loss within it from ``FAR`` x
+the training length on. At 2x the default run's two seeds lose 0.13 and 0.05 nats more past it
+than within it: an excess within their spread, so no claim is made there."""
+
+
+def _rises_from(summary: dict, variant: str, factor: int) -> tuple[bool, str]:
+    """Does ``variant`` lose more past the training length than within it, beyond seed noise
+    (:func:`_past_vs_within`), at every length from ``factor`` x the training length on?
+    Returns the answer and the lengths where it does, for the measured text."""
+    train = summary["config"]["train_len"]
+    rises, _, _ = _past_vs_within(summary, variant)
+    lens = [n for n in summary["config"]["eval_lens"] if n != train]
+    far = [r for r, n in zip(rises, lens, strict=True) if n >= factor * train]
+    where = [str(n) for r, n in zip(rises, lens, strict=True) if r]
+    return bool(far) and all(far), ", ".join(where) or "none"
+
 
 def _lab_conditions(summary: dict) -> str:
     cfg = summary["config"]
@@ -597,10 +620,11 @@ def _learned_past_length() -> Result:
 @claim(
     "rope.extrapolation_is_not_native",
     3,
-    "RoPE alone does not extrapolate: past the training length the lab's RoPE model loses more "
-    "than within it at every length and keeps under a tenth of what context is worth at 16x "
-    "(about the unigram entropy); frequency scaling "
-    "(YaRN, no fine-tuning) recovers part of the loss, and ALiBi's loss rises at no length.",
+    "RoPE alone does not extrapolate: from 4x its training length on, the lab's RoPE model "
+    "loses more past that length than within it, beyond the spread of its seeds (at 2x the "
+    "excess is within that spread), and keeps under a tenth of what context is worth at 16x "
+    "(about the unigram entropy); frequency scaling (YaRN, no fine-tuning) recovers part of "
+    "the loss, and ALiBi's loss rises at no length.",
     verdict="overstated",
     lesson_says="RoPE allows these models to natively extrapolate from 8k training contexts "
     "to 128k+ production context windows via simple frequency scaling",
@@ -608,20 +632,22 @@ def _learned_past_length() -> Result:
 def _rope_extrapolation() -> Result:
     lab = _lab()
     longest = lab["config"]["eval_lens"][-1]
-    rises, past, within = _past_vs_within(lab, "rope")
+    _, past, within = _past_vs_within(lab, "rope")
+    far, where = _rises_from(lab, "rope", FAR)
     rope_m, rope_s = _cell(lab, "rope", longest, "past")
     yarn_m, yarn_s = _cell(lab, "rope+yarn", longest, "past")
     alibi_rises, alibi_past, alibi_within = _past_vs_within(lab, "alibi")
     ok = (
-        all(rises)
+        far
         and _context_kept(lab, "rope", longest) < IGNORES_CONTEXT
         and yarn_m + 2 * math.hypot(yarn_s, rope_s) < rope_m
         and not any(alibi_rises)
     )
     return Result(
         ok,
-        f"RoPE: within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char "
-        f"(unigram {lab['unigram_entropy']:.2f}; context kept at {longest}: "
+        f"RoPE: within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char, "
+        f"above within beyond seed noise at {where} (unigram {lab['unigram_entropy']:.2f}; "
+        f"context kept at {longest}: "
         f"{_context_kept(lab, 'rope', longest):.0%}); RoPE+YaRN at {longest}: {yarn_m:.2f}; ALiBi "
         f"within {alibi_within:.2f}, past {max(alibi_past):.2f} at most ({_lab_conditions(lab)})",
         {
@@ -637,8 +663,8 @@ def _rope_extrapolation() -> Result:
     "rope.norm_kept_but_not_seamless",
     4,
     "Rotation keeps every query and key length exactly (to float64 rounding), but that does not "
-    "make length extrapolation seamless: the lab's RoPE model loses more past its training "
-    "length than within it at every evaluated length.",
+    "make length extrapolation seamless: from 4x its training length on, the lab's RoPE model "
+    "loses more past that length than within it, beyond the spread of its seeds.",
     verdict="overstated",
     lesson_says="RoPE is multiplicative and orthogonal (Rx), preserving vector magnitude and "
     "enabling seamless length extrapolation",
@@ -648,12 +674,13 @@ def _rope_norm_not_seamless() -> Result:
     rot = apply_rope(x, *cos_sin(torch.arange(257) * 97, inv_freq(128, dtype=F64), dtype=F64))
     norm_err = float((rot.norm(dim=-1) - x.norm(dim=-1)).abs().max())
     lab = _lab()
-    rises, past, within = _past_vs_within(lab, "rope")
+    _, past, within = _past_vs_within(lab, "rope")
+    far, where = _rises_from(lab, "rope", FAR)
     return Result(
-        norm_err < 1e-12 and all(rises),
+        norm_err < 1e-12 and far,
         f"max | ||R_m x|| - ||x|| | = {norm_err:.1e} over 257 positions up to 24,832; lab RoPE "
-        f"loss within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char "
-        f"({_lab_conditions(lab)})",
+        f"loss within {within:.2f}, past {', '.join(f'{m:.2f}' for m in past)} nats/char, "
+        f"above within beyond seed noise at {where} ({_lab_conditions(lab)})",
         {"norm_error": norm_err, "rope_past": past, "rope_within": within},
     )
 
@@ -1122,8 +1149,8 @@ def _absolute_parameters() -> Result:
     "sinusoidal.extrapolation_is_not_enabled",
     9,
     "A fixed sinusoidal table does not make a model extrapolate: past its training length the "
-    "lab's sinusoidal model loses more than within it at every length and keeps under a tenth "
-    "of what context is worth within it (about the unigram entropy).",
+    "lab's sinusoidal model loses more than within it at every length, beyond the spread of its "
+    "seeds, and keeps under a fifth of what context is worth within it: most of it is lost.",
     verdict="overstated",
     lesson_says="Fixed, deterministic, enables relative distance extrapolation",
 )
@@ -1134,7 +1161,7 @@ def _sinusoidal_extrapolation() -> Result:
     lens = [n for n in lab["config"]["eval_lens"] if n != lab["config"]["train_len"]]
     kept = [_context_kept(lab, "sinusoidal", n) for n in lens]
     return Result(
-        all(rises) and max(kept) < IGNORES_CONTEXT,
+        all(rises) and max(kept) < MOSTLY_LOST,
         f"sinusoidal: loss within {lab['config']['train_len']} tokens {within:.2f}, past it "
         f"{', '.join(f'{m:.2f}' for m in past)}; unigram entropy {unigram:.2f} nats/char; "
         f"context kept {', '.join(f'{k:.0%}' for k in kept)} ({_lab_conditions(lab)})",
