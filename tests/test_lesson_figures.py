@@ -143,6 +143,26 @@ def test_lab_figure_reads_the_summary_it_is_given():
     assert before.states != after.states
 
 
+def test_retrieval_figure_reads_the_summary_it_is_given():
+    real = posemb.lab.report.default_summary()
+    fake = copy.deepcopy(real)
+    longest = str(fake["config"]["eval_lens"][-1])
+    far = list(fake["retrieval"]["by_distance"]["alibi"])[-1]
+    fake["retrieval"]["variants"]["rope"][longest]["anywhere"]["mean"] = 0.625
+    fake["retrieval"]["by_distance"]["alibi"][far]["mean"] = 0.875
+    before = figures.build_figure("fig-lab-retrieval", real)
+    after = figures.build_figure("fig-lab-retrieval", fake)
+    by_length, by_distance = figures.RETRIEVAL_VIEWS
+    assert "rope 0.62" in after.readouts[by_length]  # 0.625 rounds to even
+    assert "alibi 0.88" in after.readouts[by_distance]
+    assert after.readouts != before.readouts and after.states != before.states
+    # Chance is the task's, read from the summary, in the readout and as a rule.
+    assert f"chance {real['retrieval']['chance']:.3f}" in before.readouts[by_length]
+    del fake["retrieval"]
+    with pytest.raises(ValueError, match="no retrieval results"):
+        figures.build_figure("fig-lab-retrieval", fake)
+
+
 def test_trained_attention_is_the_models_own(built):
     fig = next(f for f in built if f.id == "fig-trained-attention")
     model = figures._trained_rope_encoder()

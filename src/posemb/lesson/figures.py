@@ -1520,6 +1520,123 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
     )
 
 
+RETRIEVAL_VIEWS = ("window length", "distance from fact to query")
+
+
+def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
+    """The lab's retrieval accuracy past the training length, by window length or by the
+    distance from the fact to the query, next to chance; from its summary."""
+    cfg = summary["config"]
+    r = summary.get("retrieval")
+    if not r:
+        raise ValueError(
+            "the lab summary has no retrieval results; run `posemb lab` with the retrieval task"
+        )
+    train_len, lens = int(cfg["train_len"]), [int(n) for n in cfg["eval_lens"]]
+    variants = [v for v in r["variants"] if v in SHOWN_VARIANTS] or list(r["variants"])
+    chance = float(r["chance"])
+    bins = list(next(iter(r["by_distance"].values())))
+    palette = [c for c in OKABE_ITO if c != "#56B4E9"]  # as in the loss figure, same order
+    colors = alt.Scale(domain=variants, range=palette[: len(variants)])
+
+    def draw(view: str) -> tuple[object, str]:
+        rows = []
+        for v in variants:
+            if view == RETRIEVAL_VIEWS[0]:
+                points = [(n, r["variants"][v][str(n)]["anywhere"]) for n in lens]
+            else:
+                points = [(b, r["by_distance"][v][b]) for b in bins if b in r["by_distance"][v]]
+            for x, acc in points:
+                m, se = float(acc["mean"]), float(acc.get("se") or 0.0)
+                rows.append(
+                    {"variant": v, "x": x, "accuracy": _r(m), "se": _r(se)}
+                    | {"lo": _r(max(0.0, m - se)), "hi": _r(min(1.0, m + se))}
+                )
+        if view == RETRIEVAL_VIEWS[0]:
+            x = alt.X(
+                "x:Q",
+                title=f"window length (tokens; trained at {train_len})",
+                scale=alt.Scale(type="log", base=2),
+                axis=alt.Axis(values=lens),
+            )
+            far = str(lens[-1])
+        else:
+            x = alt.X(
+                "x:O",
+                title="distance from fact to query (tokens; pooled over lengths)",
+                sort=bins,
+                axis=alt.Axis(labelAngle=0),
+            )
+            far = bins[-1]
+        y = alt.Y("accuracy:Q", title="retrieval accuracy", scale=alt.Scale(domain=[0, 1]))
+        band = (
+            alt.Chart(ROWS)
+            .mark_rule(aria=False, opacity=0.6, strokeWidth=1.5)
+            .encode(x=x, y=alt.Y("lo:Q", scale=alt.Scale(domain=[0, 1])), y2="hi:Q")
+            .encode(color=alt.Color("variant:N", scale=colors, legend=None))
+        )
+        line = (
+            alt.Chart(ROWS)
+            .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50))
+            .encode(
+                x=x,
+                y=y,
+                color=alt.Color(
+                    "variant:N",
+                    title="encoding",
+                    scale=colors,
+                    legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1),
+                ),
+                tooltip=[
+                    "variant:N",
+                    alt.Tooltip("x:N", title=view),
+                    alt.Tooltip("accuracy:Q", format=".3f"),
+                    alt.Tooltip("se:Q", format=".3f", title="standard error"),
+                ],
+            )
+        )
+        marks = alt.Chart(_data([{"y": chance, "label": f"chance {chance:.3f}"}]))
+        rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+            y="y:Q", tooltip=["label:N", "y:Q"]
+        )
+        chart = (
+            (band + rule + line)
+            .resolve_legend(color="independent")
+            .properties(width=WIDE - 130, height=300)
+        )
+        if view == RETRIEVAL_VIEWS[0]:
+            shown = "; ".join(
+                f"{v} {r['variants'][v][far]['anywhere']['mean']:.2f}" for v in variants
+            )
+            where = f"at {far} tokens (trained at {train_len})"
+        else:
+            shown = "; ".join(
+                f"{v} {r['by_distance'][v][far]['mean']:.2f}"
+                for v in variants
+                if far in r["by_distance"][v]
+            )
+            where = f"with the fact {far} tokens before the query"
+        return _spec(chart, rows), f"retrieval accuracy {where}: {shown}; chance {chance:.3f}"
+
+    return _figure(
+        "fig-lab-retrieval",
+        3,
+        "Loss is not retrieval: finding a fact far back",
+        f"The lab's retrieval task: {r['facts']} facts (a key and its value in one token) "
+        "scattered in filler, then a query for one key; a small model per encoding trained at "
+        f"{train_len} tokens answers at longer windows. Every encoding answers at 1x. Past it "
+        "the two measures part: ALiBi, whose loss above stays flat, loses far facts as plain RoPE "
+        "does, and RoPE with YaRN's scaling finds them at every distance. Points: "
+        f"mean over {len(cfg['seeds'])} seeds, bars: binomial standard error.",
+        "posemb.lab.report.default_summary()['retrieval']",
+        "Lines of retrieval accuracy per encoding against window length (log scale) or "
+        "against the distance from the fact to the query, with a dashed chance line.",
+        "vega",
+        draw,
+        [Control("fig-lab-retrieval-by", "accuracy by", "toggle", RETRIEVAL_VIEWS, 0)],
+    )
+
+
 # --- screens 4, 5, 7: the rotation and its dials ----------------------------------------------
 
 TOY_THETA = math.pi / 4  # the lesson's toy angle per step
@@ -2262,6 +2379,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "fig-learned-no-row": fig_learned_no_row,
     "fig-scaling": fig_scaling,
     "fig-lab-loss": fig_lab_loss,
+    "fig-lab-retrieval": fig_lab_retrieval,
     "fig-dials-mn": fig_dials_mn,
     "fig-toy-trace": fig_toy_trace,
     "fig-pair-dials": fig_pair_dials,
