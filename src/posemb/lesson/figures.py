@@ -1546,10 +1546,10 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
                 points = [(n, r["variants"][v][str(n)]["anywhere"]) for n in lens]
             else:
                 points = [(b, r["by_distance"][v][b]) for b in bins if b in r["by_distance"][v]]
-            for x, acc in points:
+            for at, acc in points:
                 m, se = float(acc["mean"]), float(acc.get("se") or 0.0)
                 rows.append(
-                    {"variant": v, "x": x, "accuracy": _r(m), "se": _r(se)}
+                    {"variant": v, "x": at, "accuracy": _r(m), "se": _r(se)}
                     | {"lo": _r(max(0.0, m - se)), "hi": _r(min(1.0, m + se))}
                 )
         if view == RETRIEVAL_VIEWS[0]:
