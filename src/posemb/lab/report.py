@@ -397,7 +397,8 @@ def markdown(summary: dict) -> str:
         f"worker(s) x {summary['threads_per_worker']} thread(s), {summary['wall_seconds']:.0f} s "
         f"wall; torch {summary['versions']['torch']}.",
         "A learned table has no trained row past its training length: its 'past' numbers use "
-        "rows that were never updated, which is what such a model does when run longer.",
+        "rows that were never trained (only weight decay touched them), which is what such a model "
+        "does when run longer.",
     ]
     for part in (_retrieval_md, _entropy_md, _race_md):
         text = part(summary)

@@ -621,8 +621,8 @@ def _learned_past_length() -> Result:
     "rope.extrapolation_is_not_native",
     3,
     "RoPE alone does not extrapolate: from 4x its training length on, the lab's RoPE model "
-    "loses more past that length than within it, beyond the spread of its seeds (at 2x the "
-    "excess is within that spread), and keeps under a tenth of what context is worth at 16x "
+    "loses more past that length than within it, beyond the spread of its seeds, and keeps "
+    "under a tenth of what context is worth at 16x "
     "(about the unigram entropy); frequency scaling (YaRN, no fine-tuning) recovers part of "
     "the loss, and ALiBi's loss rises at no length.",
     verdict="overstated",

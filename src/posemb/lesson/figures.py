@@ -1509,8 +1509,8 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
         "What the lab measured past the training length",
         f"The lab's {cfg['layers']}-layer character LM trained at {train_len} tokens and "
         f"evaluated longer, per encoding: mean loss over {len(cfg['seeds'])} seeds with the seed "
-        "spread (one standard deviation) as a band. Past the training length learned, "
-        "sinusoidal and plain RoPE models lose what context gave them; ALiBi does not.",
+        "spread (one standard deviation) as a band. Past the training length sinusoidal and "
+        "plain RoPE models lose most of what context gave them; ALiBi does not.",
         "posemb.lab.report.default_summary()",
         "Lines of loss against evaluation length (log scale) per encoding, with shaded seed "
         "spread and a dashed unigram line.",
@@ -1599,11 +1599,12 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
         rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
             y="y:Q", tooltip=["label:N", "y:Q"]
         )
-        chart = (
-            (band + rule + line)
-            .resolve_legend(color="independent")
-            .properties(width=WIDE - 130, height=300)
-        )
+        rule_label = marks.mark_text(
+            aria=False, align="left", baseline="bottom", dy=-3, x=4, color="gray", fontSize=12
+        ).encode(y="y:Q", text="label:N")
+        # The x axis starts at the training length and its title names it: no rule there.
+        layers = band + rule + rule_label + line
+        chart = layers.resolve_legend(color="independent").properties(width=WIDE - 130, height=300)
         if view == RETRIEVAL_VIEWS[0]:
             shown = "; ".join(
                 f"{v} {r['variants'][v][far]['anywhere']['mean']:.2f}" for v in variants
@@ -1625,12 +1626,15 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
         f"The lab's retrieval task: {r['facts']} facts (a key and its value in one token) "
         "scattered in filler, then a query for one key; a small model per encoding trained at "
         f"{train_len} tokens answers at longer windows. Every encoding answers at 1x. Past it "
-        "the two measures part: ALiBi, whose loss above stays flat, loses far facts as plain RoPE "
-        "does, and RoPE with YaRN's scaling finds them at every distance. Points: "
-        f"mean over {len(cfg['seeds'])} seeds, bars: binomial standard error.",
+        "the two measures part: ALiBi, whose loss above stays flat, loses far facts too, if more "
+        "slowly than plain RoPE, and RoPE with YaRN's scaling finds them at every distance. "
+        f"Points: mean over {len(cfg['seeds'])} seeds; bars: one binomial standard error of "
+        "the pooled probes (the spread between seeds is not drawn).",
         "posemb.lab.report.default_summary()['retrieval']",
         "Lines of retrieval accuracy per encoding against window length (log scale) or "
-        "against the distance from the fact to the query, with a dashed chance line.",
+        "against the distance from the fact to the query, with a dashed chance line: every "
+        "line starts near 1; ALiBi and plain RoPE fall towards chance as the fact moves away, "
+        "RoPE with YaRN stays near 1.",
         "vega",
         draw,
         [Control("fig-lab-retrieval-by", "accuracy by", "toggle", RETRIEVAL_VIEWS, 0)],
