@@ -1390,6 +1390,16 @@ LOSS_PARTS = ("past the training length", "all positions")
 SHOWN_VARIANTS = ("learned", "sinusoidal", "nope", "alibi", "rope", "rope+yarn")
 
 
+def _encoding_colours(variants: Sequence[str]) -> tuple[alt.Scale, alt.Color]:
+    """The lab figures' colour per encoding, the same in each of them: the scale (for bands,
+    without a legend) and the colour channel of the lines, which carries the legend."""
+    # Okabe-Ito without sky blue, which sits too close to blue at a band's opacity.
+    palette = [c for c in OKABE_ITO if c != "#56B4E9"]
+    scale = alt.Scale(domain=list(variants), range=palette[: len(variants)])
+    legend = alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1)
+    return scale, alt.Color("variant:N", title="encoding", scale=scale, legend=legend)
+
+
 def fig_lab_loss(summary: dict[str, Any]) -> Figure:
     """The lab's loss against evaluation length, mean and seed spread, from its summary."""
     cfg = summary["config"]
@@ -1426,9 +1436,7 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
             scale=alt.Scale(type="log", base=2),
             axis=alt.Axis(values=lens),
         )
-        # Okabe-Ito without sky blue, which sits too close to blue at the band's opacity.
-        palette = [c for c in OKABE_ITO if c != "#56B4E9"]
-        colors = alt.Scale(domain=variants, range=palette[: len(variants)])
+        colors, line_colour = _encoding_colours(variants)
         # The band takes no legend: its swatches would be the band's pale fill.
         band = (
             alt.Chart(ROWS)
@@ -1446,12 +1454,7 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
             .encode(
                 x=x,
                 y=alt.Y("loss:Q", title="loss (nats/char)", scale=y_scale),
-                color=alt.Color(
-                    "variant:N",
-                    title="encoding",
-                    scale=colors,
-                    legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1),
-                ),
+                color=line_colour,
                 tooltip=[
                     "variant:N",
                     "length:Q",
@@ -1536,8 +1539,7 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
     variants = [v for v in r["variants"] if v in SHOWN_VARIANTS] or list(r["variants"])
     chance = float(r["chance"])
     bins = list(next(iter(r["by_distance"].values())))
-    palette = [c for c in OKABE_ITO if c != "#56B4E9"]  # as in the loss figure, same order
-    colors = alt.Scale(domain=variants, range=palette[: len(variants)])
+    colors, line_colour = _encoding_colours(variants)
 
     def draw(view: str) -> tuple[object, str]:
         rows = []
@@ -1581,12 +1583,7 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
             .encode(
                 x=x,
                 y=y,
-                color=alt.Color(
-                    "variant:N",
-                    title="encoding",
-                    scale=colors,
-                    legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1),
-                ),
+                color=line_colour,
                 tooltip=[
                     "variant:N",
                     alt.Tooltip("x:N", title=view),
