@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10 and make:
-#   make demo   creates .venv, installs posemb, builds its CPU kernel, runs posemb verify once
+#   make demo   creates .venv, installs posemb, builds its CPU op, runs posemb verify once
 #               and builds the lesson page from its results (posemb-lesson/index.html)
 #   make test   creates .venv, installs posemb with the dev extra, runs lint and the tests
+#               (among them: the wheel built, installed where no compiler exists, and tested)
 # Versions come from constraints.txt so that every machine tests the same set.
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e '.[lesson]'
+	$(PIP) -e '.[lesson,jit]'
 	$(BIN)/posemb kernels --build
 	@touch $@
 
@@ -42,4 +43,5 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis build dist \
+		src/*.egg-info src/posemb/_C*.so src/posemb/_C.json test-artifacts

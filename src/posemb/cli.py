@@ -156,21 +156,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from . import kernels
+    from .kernels import cpu
 
-    if args.build:
-        from .kernels import cpu
-
-        if cpu.load(verbose=args.verbose) is None:
-            print(f"posemb kernels: the CPU kernel did not build: {cpu.unavailable_reason()}",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-    report = kernels.status()
+    if args.build and cpu.load(verbose=args.verbose) is None:
+        print(f"posemb kernels: the CPU op is unavailable: {cpu.unavailable_reason()}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    report: dict[str, object] = dict(kernels.status())
+    loaded = cpu.info()
+    op = dataclasses.asdict(loaded) if loaded else None
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for name, state in report.items():
-            print(f"{name:10} {state}")
+        print(json.dumps({**report, "cpu_op": op}, indent=2))
+        return 0
+    for name, state in report.items():
+        print(f"{name:10} {state}")
+    if loaded is not None:
+        runs = ", ".join(
+            f"{n}{'' if ok else ' (not on this CPU)'}" for n, ok in loaded.variants.items()
+        )
+        print(f"cpu op     {loaded.source}: {loaded.path}")
+        print(f"           variant {loaded.variant}: {loaded.variant_reason}; compiled: {runs}")
+        print(f"           built with torch {loaded.torch_headers} headers, loads into torch "
+              f">= {loaded.torch_target}; loaded in {loaded.load_seconds:.2f} s")  # fmt: skip
+        for why in loaded.skipped:
+            print(f"           skipped: {why}")
     return 0
 
 
@@ -359,12 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     kern = sub.add_parser(
         "kernels",
-        help="say which RoPE backends can run here, and build the CPU kernel",
+        help="say which RoPE backends can run here, and where the CPU op came from",
         description="Print each backend (reference, cpu, triton) and whether it can run here, "
-        "or why not. --build compiles the fused CPU kernel now (20-30 s once per machine) "
-        "instead of on first use, and exits 1 if it cannot be built.",
+        "or why not; for the CPU op, where it was loaded from (the wheel or a JIT build), the "
+        "instruction-set variant that runs and why. --build loads it now, compiling it in a "
+        "source checkout (a few seconds, once per machine), and exits 1 if it is unavailable.",
     )
-    kern.add_argument("--build", action="store_true", help="build the CPU kernel now")
+    kern.add_argument("--build", action="store_true", help="load (or build) the CPU op now")
     kern.add_argument("--verbose", action="store_true", help="show the compiler's output")
     kern.add_argument("--json", action="store_true", help="print a JSON object instead")
     kern.set_defaults(func=_cmd_kernels)

@@ -29,7 +29,7 @@ import torch
 
 from .. import _checks, _renamed
 from . import cpu as _cpu
-from . import ops as _ops  # registers torch.ops.posemb.rotate_cpu and rotate_cpu_
+from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
 from . import reference
 from .layout import Layout, as_layout
 
@@ -37,6 +37,9 @@ logger = logging.getLogger("posemb.kernels")
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 _logged: set[str] = set()
+# torch's guard that dispatches below the autograd keys (what torch.library's own autograd
+# wrapper uses); private, so its absence only costs the fast path.
+_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
 def _log_once(key: str, message: str) -> None:
@@ -164,8 +167,8 @@ def _f32_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Nothing traces these tensors and nothing needs their gradient: the registered op's
-    dispatch can be skipped (compile, export and autograd always go through it)."""
+    """Nothing traces these tensors and nothing needs their gradient: the op's Python
+    autograd kernel can be skipped (compile, export and autograd always go through it)."""
     return (
         type(q) is torch.Tensor
         and type(k) is torch.Tensor
@@ -220,12 +223,18 @@ def _cpu_pair(
     c, s, kc, ks = table(cos), table(sin), table(k_cos), table(k_sin)
     assert c is not None and s is not None
     interleaved = layout is Layout.INTERLEAVED
-    if _plain_eager(q, k):
-        return _ops.rotate_cpu_eager(q, k, c, s, kc, ks, interleaved, False, inplace)
     if inplace:
-        torch.ops.posemb.rotate_cpu_(q, k, c, s, kc, ks, interleaved, False)
+        torch.ops.posemb.rotate_cpu_.default(q, k, c, s, kc, ks, interleaved, False)
         return q, k
-    q_out, k_out = torch.ops.posemb.rotate_cpu(q, k, c, s, kc, ks, interleaved, False)
+    op = torch.ops.posemb.rotate_cpu.default
+    if _plain_eager(q, k) and _below_autograd is not None:
+        # The autograd kernel registered from Python costs ~13 us a call even when nothing
+        # needs a gradient (a decode step calls this once per layer); below it, the C++
+        # kernel runs directly.
+        with _below_autograd():
+            q_out, k_out = op(q, k, c, s, kc, ks, interleaved, False)
+        return q_out, k_out
+    q_out, k_out = op(q, k, c, s, kc, ks, interleaved, False)
     return q_out, k_out
 
 

@@ -1,41 +1,43 @@
-"""The fused CPU path: a small C++ extension, compiled on first use and cached.
+"""The fused CPU path: posemb's C++ ops ``posemb::rotate_cpu`` and ``rotate_cpu_``, found and
+loaded here, in this order:
+
+1. **wheel**: the library built into the installed package (``posemb/_C.abi3.so``). It is
+   written against PyTorch's stable ABI for torch >= 2.10 (:mod:`posemb.kernels.build`), so it
+   loads into any such torch without a compiler; older torch is refused with the reason.
+2. **jit**: in a source checkout, the same sources compiled on first use by
+   ``torch.utils.cpp_extension`` (needs a C++ compiler and ``pip install 'posemb[jit]'`` for
+   ninja; ~3 s once, cached under ``TORCH_EXTENSIONS_DIR``).
+3. Otherwise the reference, with one warning that names why (for a failed build, its last
+   lines).
+
+Nothing is loaded or compiled at import. :func:`info` says which source was loaded and which
+instruction-set variant runs; ``posemb kernels`` prints it.
 
 Why this form. Applying RoPE is memory-bound: the least it can cost is one read and one write
-of x. Measured on a 2-core machine (x of shape (4, 32, 2048, 128), 2 threads, ``posemb bench``):
-``x.mul_(1.0)`` takes 3-6 ms in fp32; the eager ``x*cos + rotate_half(x)*sin`` 160-400 ms (several
-passes and four temporaries); ``torch.compile`` of the halves form 83 ms; this extension, one
-pass in place with the pair rotated in registers, 4.0 ms (fp32) and 4.5 ms (bf16). Three choices
-made the difference, each measured: OpenMP threads through ``at::parallel_for``; a loop the
-compiler can vectorise (``omp simd`` on the pair loop, bit casts for bfloat16, AVX-512 where the
-CPU has it: bfloat16 rounding is integer work); and rows in (batch, token, head) order, so a
-token's cos/sin row is read once for all heads instead of the whole table once per head
-(fp32 in place went from 1.6x to 1.1x ``mul_``). A numba loop reached the fp32 speed too, but
-numba has no bfloat16 or float16, and ``torch.compile`` brings a compile per shape. An
-out-of-place call costs what ``torch.empty_like(x).copy_(x)`` costs (1.1-1.3x): the page faults
-of the fresh 134 MB output dominate both (``THP_MEM_ALLOC_ENABLE=1`` halves them).
+of x. The op reads each element once, rotates the pair in registers and writes it back, with
+threads from torch's own pool (``torch.set_num_threads`` holds) and work in tiles of tokens
+so that a tile of the cos/sin table stays in cache while every head passes over it. The row
+loop is compiled for a baseline, AVX2 (+FMA, F16C) and AVX-512, and the best one this CPU runs
+is picked at load time; ``POSEMB_CPU_VARIANT=baseline|avx2|avx512`` forces one (an unknown
+name, or one this CPU cannot run, is an error). ``posemb bench`` measures it.
 
-The extension takes 20-30 s to compile once per machine (cached under ``TORCH_EXTENSIONS_DIR``);
-nothing is compiled at import.
-
-A killed process must not hang the next one. torch guards every load (not only a first build)
-with a ``lock`` file that it creates and deletes itself; a process killed inside that window
-leaves the file behind, and every later load of the same extension polls for it forever (this
-hung a CI run for 90 minutes at ``posemb kernels --build``). posemb therefore takes an ``flock``
-on ``posemb.flock`` in the build folder around torch's call: the kernel releases an flock when
-its holder dies, so a ``lock`` file found while holding it was left by a dead process, or by
-a loader that does not take the flock (an older posemb sharing the cache, another host on a
-filesystem whose flocks are per host). To spare the second kind, the file is removed only
-once it is ``_STALE_AFTER`` seconds old (a build takes 20-30 s; a load, one); until then the
-load waits as torch would. Where flock is unavailable (Windows, some network filesystems)
-torch's lock alone is used, as before.
-
-Where it cannot run (no C++ compiler, no ninja, a failed build) posemb falls back to the
-reference and says so once through ``logging``.
+A killed process must not hang the next JIT load. torch guards every load with a ``lock`` file
+it creates and deletes itself; a process killed inside that window leaves it behind, and
+every later load polls for it forever (this hung a CI run for 90 minutes). posemb therefore
+takes an ``flock`` on ``posemb.flock`` in the build folder around torch's call: the kernel
+releases an flock when its holder dies, so a ``lock`` found while holding it was left by a
+dead process, or by a loader that takes no flock (an older posemb, another host on a
+filesystem whose flocks are per host). To spare the second kind, it is removed only once it
+is ``_STALE_AFTER`` seconds old; until then the load waits as torch would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import dataclasses
+import importlib.machinery
+import json
 import logging
 import os
 import pathlib
@@ -43,86 +45,270 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from types import ModuleType
+from collections.abc import Callable, Iterator
 
 import torch
+
+from . import build as _build
 
 logger = logging.getLogger("posemb.kernels")
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_SOURCE = pathlib.Path(__file__).with_name("rope_cpu.cpp")
+VARIANT_ENV = "POSEMB_CPU_VARIANT"
+JIT_NAME = "posemb_cpu"
+_PACKAGE = pathlib.Path(__file__).resolve().parent.parent
 _lock = threading.Lock()
-_ext: ModuleType | None = None
+_loaded: Loaded | None = None
 _error: str | None = None
+_on_load: list[Callable[[], None]] = []
 _STALE_AFTER = 180.0  # seconds: far longer than any build of this kernel takes
 
 
-def _flags() -> tuple[str, list[str]]:
-    """Compiler flags for this CPU, and a name that keeps builds for different flags apart."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp"]
-    if capability in ("AVX2", "AVX512"):
-        # AVX2 + FMA for 8-wide float math, F16C for float16 conversions.
-        flags += ["-mavx2", "-mfma", "-mf16c"]
-    if capability == "AVX512":
-        # 16 lanes: the bfloat16 rounding is integer work that a 2-core machine feels.
-        flags += [
-            "-mavx512f",
-            "-mavx512bw",
-            "-mavx512vl",
-            "-mavx512dq",
-            "-mprefer-vector-width=512",
-        ]
-    return f"posemb_rope_cpu_{capability.lower()}", flags
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """What was loaded: from where, and which instruction-set variant runs.
+
+    Attributes:
+        source: ``"wheel"`` (built into the installed package) or ``"jit"`` (compiled here).
+        path: the shared library.
+        variant: the running variant: ``"baseline"``, ``"avx2"`` or ``"avx512"``.
+        variant_reason: why that variant runs.
+        variants: every compiled variant and whether this CPU can run it.
+        torch_headers: the torch version whose headers compiled the library.
+        torch_target: the oldest torch it loads into (its stable-ABI target).
+        skipped: why an earlier source in the order was not used (e.g. a stale in-tree build).
+        load_seconds: how long finding, building and loading took in this process.
+    """
+
+    source: str
+    path: str
+    variant: str
+    variant_reason: str
+    variants: dict[str, bool]
+    torch_headers: str
+    torch_target: str
+    skipped: tuple[str, ...]
+    load_seconds: float
 
 
-def load(verbose: bool = False) -> ModuleType | None:
-    """Build (first call on a machine) or load the extension; None if it cannot be had.
+def _torch_version() -> tuple[int, int]:
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _abi_version(value: int) -> str:
+    return f"{value >> 56}.{(value >> 48) & 0xFF}"
+
+
+def prebuilt_path() -> pathlib.Path | None:
+    """The library built into this install (``posemb/_C.*``), or None."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = _PACKAGE / f"{_build.LIBRARY}{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+def _prebuilt_refusal(path: pathlib.Path) -> str | None:
+    """Why the prebuilt library must not be loaded here, or None. It is never opened to
+    find out: opening registers its ops, and a second library could then not register."""
+    target = _build.TARGET
+    if _torch_version() < target:
+        return (
+            f"the prebuilt op needs torch >= {target[0]}.{target[1]} (its stable ABI); this is "
+            f"torch {torch.__version__}"
+        )
+    if _build.CSRC.exists():  # a source checkout: is the in-tree build of these sources?
+        try:
+            built = json.loads(path.with_name(f"{_build.LIBRARY}.json").read_text())["sources"]
+        except (OSError, ValueError, KeyError, TypeError):
+            built = None
+        if built != _build.source_hash():
+            return f"the in-tree build {path.name} is stale (its sources have changed)"
+    return None
+
+
+def _jit_refusal() -> str | None:
+    """Why the JIT build cannot be tried here, or None."""
+    if not _build.CSRC.exists():
+        return "no prebuilt op in this install and no sources to build one"
+    target = _build.TARGET
+    if _torch_version() < target:
+        return (
+            f"building the op needs torch >= {target[0]}.{target[1]} (its stable ABI); this is "
+            f"torch {torch.__version__}"
+        )
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no prebuilt op in this install, and no C++ compiler (c++/g++) on PATH to build one"
+    try:
+        import ninja  # noqa: F401  (torch's extension builder needs it)
+    except ImportError:
+        return (
+            "no prebuilt op in this install, and the ninja package to build one is missing "
+            "(pip install 'posemb[jit]')"
+        )
+    return None
+
+
+def _build_error(err: BaseException) -> str:
+    """A failed build's reason: its first line and the compiler's last lines."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    if len(lines) <= 12:
+        return "\n".join(lines)
+    return "\n".join([lines[0], "...", *lines[-10:]])
+
+
+def _jit_build(verbose: bool) -> str:
+    """Compile the sources into torch's extension cache (if needed) and load them; the
+    library's path. Raises what torch's builder raises."""
+    from torch.utils.cpp_extension import load as build
+
+    folder = _build_folder(JIT_NAME)
+    if not _is_built(JIT_NAME):
+        # A first call otherwise looks like a hang: say what the wait is, once.
+        print(
+            f"posemb: building the fused CPU RoPE op {JIT_NAME} (once per machine, ~3-10 s; "
+            f"`posemb kernels --build` does it ahead of time)",
+            file=sys.stderr,
+            flush=True,
+        )
+    with _exclusive(folder):
+        build(
+            JIT_NAME,
+            sources=[str(_build.CSRC / name) for name in _build.SOURCES],
+            extra_cflags=_build.cflags(),
+            extra_ldflags=_build.ldflags(),
+            build_directory=folder,  # None: torch's own choice
+            is_python_module=False,  # a plain library: torch.ops.load_library
+            verbose=verbose,
+        )
+    if folder is None:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = str(_get_build_directory(JIT_NAME, verbose=False))
+    return os.path.join(folder, f"{JIT_NAME}.so")
+
+
+def _choose_variant(lib: ctypes.CDLL) -> tuple[str, str, dict[str, bool]]:
+    """Pick the variant to run (the best this CPU can, unless ``POSEMB_CPU_VARIANT`` says);
+    its name, why, and every variant with whether it can run here."""
+    lib.posemb_variant_name.restype = ctypes.c_char_p
+    names = [lib.posemb_variant_name(i).decode() for i in range(lib.posemb_variant_count())]
+    runs = {name: bool(lib.posemb_variant_can_run(i)) for i, name in enumerate(names)}
+    wanted = os.environ.get(VARIANT_ENV, "auto").strip().lower() or "auto"
+    if wanted == "auto":
+        best = names[lib.posemb_variant_active()]
+        others = [n for n in names if not runs[n]]
+        why = "the widest this CPU runs"
+        if others:
+            why += f" (it cannot run {', '.join(others)})"
+        return best, why, runs
+    if wanted not in names:
+        raise ValueError(f"{VARIANT_ENV} must be auto or one of {', '.join(names)}, got {wanted!r}")
+    if not runs[wanted]:
+        can = [n for n in names if runs[n]]
+        raise ValueError(
+            f"{VARIANT_ENV}={wanted}: this CPU cannot run the {wanted} variant; it can run "
+            f"{', '.join(can)}"
+        )
+    lib.posemb_variant_use(names.index(wanted))
+    return wanted, f"forced by {VARIANT_ENV}={wanted}", runs
+
+
+def _open(path: str, source: str, skipped: list[str], started: float) -> Loaded:
+    """Load the library's ops (if not loaded yet) and read what it says of itself."""
+    if path not in torch.ops.loaded_libraries:
+        torch.ops.load_library(path)
+    lib = ctypes.CDLL(path)
+    lib.posemb_torch_headers.restype = ctypes.c_uint64
+    lib.posemb_torch_target.restype = ctypes.c_uint64
+    variant, why, runs = _choose_variant(lib)
+    return Loaded(
+        source=source,
+        path=path,
+        variant=variant,
+        variant_reason=why,
+        variants=runs,
+        torch_headers=_abi_version(lib.posemb_torch_headers()),
+        torch_target=_abi_version(lib.posemb_torch_target()),
+        skipped=tuple(skipped),
+        load_seconds=time.perf_counter() - started,
+    )
+
+
+def _find(verbose: bool) -> Loaded | None:
+    """Try the wheel's library, then the JIT build; set ``_error`` when neither loads."""
+    global _error
+    started = time.perf_counter()
+    skipped: list[str] = []
+    path = prebuilt_path()
+    if path is not None:
+        refusal = _prebuilt_refusal(path)
+        if refusal is None:
+            return _open(str(path), "wheel", skipped, started)
+        skipped.append(refusal)
+    refusal = _jit_refusal()
+    if refusal is not None:
+        _error = "; ".join([*skipped, refusal])
+        return None
+    try:
+        built = _jit_build(verbose)
+    except Exception as err:  # a build failure must not break the reference path
+        _error = "; ".join([*skipped, f"building the op failed:\n{_build_error(err)}"])
+        return None
+    return _open(built, "jit", skipped, started)
+
+
+def load(verbose: bool = False) -> Loaded | None:
+    """Load the op (building it first in a source checkout); None if it cannot be had.
 
     The first failure is logged once at WARNING with its reason; later calls return None.
+    Raises ``ValueError`` for a ``POSEMB_CPU_VARIANT`` that is unknown or cannot run here.
     """
-    global _ext, _error
-    if _ext is not None or _error is not None:
-        return _ext
+    global _loaded
+    if _loaded is not None or _error is not None:
+        return _loaded
     with _lock:
-        if _ext is not None or _error is not None:
-            return _ext
-        if shutil.which("c++") is None and shutil.which("g++") is None:
-            _error = "no C++ compiler (c++/g++) on PATH"
-        else:
-            try:
-                import ninja  # noqa: F401  (torch's extension builder needs it)
-            except ImportError:
-                _error = "the ninja package is not installed"
-        if _error is None:
-            from torch.utils.cpp_extension import load as build
-
-            name, flags = _flags()
-            if not _is_built(name):
-                # A first call otherwise looks like a hang: say what the wait is, once.
-                print(
-                    f"posemb: building the fused CPU RoPE kernel {name} (once per machine, "
-                    f"20-30 s; `posemb kernels --build` does it ahead of time)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            try:
-                folder = _build_folder(name)
-                with _exclusive(folder):
-                    _ext = build(
-                        name,
-                        sources=[str(_SOURCE)],
-                        extra_cflags=flags,
-                        extra_ldflags=["-fopenmp"],
-                        build_directory=folder,  # None: torch's own choice
-                        verbose=verbose,
-                    )
-            except Exception as err:  # a build failure must not break the reference path
-                _error = f"building the extension failed: {str(err).splitlines()[0][:300]}"
-        if _error is not None:
+        if _loaded is not None or _error is not None:
+            return _loaded
+        loaded = _find(verbose)
+        if loaded is None:
             logger.warning("posemb: fused CPU RoPE unavailable (%s); using the reference", _error)
-        return _ext
+            return None
+        for hook in _on_load:
+            hook()
+        _loaded = loaded
+        return _loaded
+
+
+def on_load(hook: Callable[[], None]) -> None:
+    """Run ``hook`` once the op is loaded (now, if it is): the Python halves of the ops
+    (fake implementations, autograd) can only be registered on ops that exist."""
+    _on_load.append(hook)
+    if _loaded is not None:
+        hook()
+
+
+def info() -> Loaded | None:
+    """What :func:`load` loaded, or None (loads it if needed)."""
+    return load()
+
+
+def use_variant(name: str) -> str:
+    """Run instruction-set variant ``name`` from now on (tests force each one); the name of
+    the variant that ran before. Raises ``ValueError`` if it is unknown or cannot run here."""
+    global _loaded
+    loaded = load()
+    if loaded is None:
+        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
+    if name not in loaded.variants:
+        raise ValueError(f"variant must be one of {', '.join(loaded.variants)}, got {name!r}")
+    if not loaded.variants[name]:
+        raise ValueError(f"this CPU cannot run the {name} variant")
+    lib = ctypes.CDLL(loaded.path)
+    lib.posemb_variant_use(list(loaded.variants).index(name))
+    _loaded = dataclasses.replace(loaded, variant=name, variant_reason="set by use_variant")
+    return loaded.variant
 
 
 def _build_folder(name: str) -> str | None:
@@ -201,15 +387,16 @@ def _is_built(name: str) -> bool:
 
 
 def available() -> bool:
-    """Can the fused CPU path run here? Builds it if needed, except inside ``torch.compile``,
-    where it answers from what this process has loaded: tracing must not build (or lock)."""
+    """Can the fused CPU path run here? Loads (or builds) it if needed, except inside
+    ``torch.compile``, where it answers from what this process has loaded: tracing must not
+    build (or lock)."""
     if torch.compiler.is_compiling():
-        return _ext is not None
+        return _loaded is not None
     return load() is not None
 
 
 def unavailable_reason() -> str | None:
-    """Why the fused CPU path cannot run, or None if it can (builds it if needed)."""
+    """Why the fused CPU path cannot run, or None if it can (loads it if needed)."""
     load()
     return _error
 
@@ -222,8 +409,7 @@ def rope_apply(
     interleaved: bool,
     conjugate: bool = False,
 ) -> torch.Tensor:
-    """Rotate ``x`` into ``out`` (``out`` may be ``x``: in place). Arguments are checked by
-    the caller (:func:`posemb.kernels.rotate`).
+    """Rotate ``x`` into ``out`` (``out`` may be ``x``: in place) through the op.
 
     Args:
         x: ``(B, H, S, D)`` CPU tensor, unit stride in D, float32/bfloat16/float16.
@@ -235,8 +421,11 @@ def rope_apply(
     Returns:
         ``out``.
     """
-    ext = load()
-    if ext is None:
-        raise RuntimeError(f"the fused CPU RoPE kernel is unavailable: {_error}")
-    ext.rope_apply(x, cos, sin, out, interleaved, conjugate)
-    return out
+    if load() is None:
+        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
+    none = x[:, :0]  # a side with no heads costs nothing
+    if out is x:
+        torch.ops.posemb.rotate_cpu_(x, none, cos, sin, None, None, interleaved, conjugate)
+        return out
+    rotated, _ = torch.ops.posemb.rotate_cpu(x, none, cos, sin, None, None, interleaved, conjugate)
+    return out.copy_(rotated)

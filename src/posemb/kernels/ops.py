@@ -1,10 +1,12 @@
 """The fused CPU rotation as registered PyTorch ops: ``torch.ops.posemb.rotate_cpu`` (out of
 place, differentiable) and ``torch.ops.posemb.rotate_cpu_`` (in place).
 
-Registered through :mod:`torch.library` so that a model using them traces: each op has a fake
-implementation that states its output shapes without running (``torch.compile`` and
-``torch.export`` see an opaque node, not a graph break), and the out-of-place op has its
-autograd registered beside it. The backward of a rotation by theta is the same kernel rotating
+The ops and their CPU kernels are defined in C++ (``csrc/ops.cpp``, loaded by
+:mod:`posemb.kernels.cpu`); their Python halves are registered here through
+:mod:`torch.library` once the library is loaded, so that a model using them traces: each op
+has a fake implementation that states its output shapes without running (``torch.compile``
+and ``torch.export`` see an opaque node, not a graph break), and the out-of-place op has its
+autograd. The backward of a rotation by theta is the same kernel rotating
 by -theta (R^T = R(-theta)), so nothing is saved but the cos/sin tables, and a side (q or k)
 that needs no gradient costs no work: it is passed with zero heads.
 
@@ -26,35 +28,6 @@ from torch import Tensor
 from . import cpu as _cpu
 
 
-def _key_tables(
-    cos: Tensor, sin: Tensor, k_cos: Tensor | None, k_sin: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    # xPos scales keys by zeta^(-n/B) and queries by zeta^(m/B): keys then take their own tables.
-    return (cos if k_cos is None else k_cos), (sin if k_sin is None else k_sin)
-
-
-def rotate_cpu_eager(
-    q: Tensor,
-    k: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    k_cos: Tensor | None,
-    k_sin: Tensor | None,
-    interleaved: bool,
-    conjugate: bool,
-    inplace: bool,
-) -> tuple[Tensor, Tensor]:
-    """The body of both CPU ops, callable without the dispatcher when nothing traces and
-    nothing needs a gradient (the op's Python dispatch costs ~18 us; a decode step calls it
-    once per layer)."""
-    q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-    kc, ks = _key_tables(cos, sin, k_cos, k_sin)
-    _cpu.rope_apply(q, cos, sin, q_out, interleaved, conjugate)
-    _cpu.rope_apply(k, kc, ks, k_out, interleaved, conjugate)
-    return q_out, k_out
-
-
-@torch.library.custom_op("posemb::rotate_cpu", mutates_args=(), device_types="cpu")
 def rotate_cpu(
     q: Tensor,
     k: Tensor,
@@ -65,16 +38,13 @@ def rotate_cpu(
     interleaved: bool,
     conjugate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Rotate q by (cos, sin) and k by the key tables (default the same) into new tensors."""
-    return rotate_cpu_eager(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate, False)
+    """Rotate q by (cos, sin) and k by the key tables (default the same) into new tensors:
+    ``torch.ops.posemb.rotate_cpu``, loaded first if needed (differentiable)."""
+    _require()
+    q_out, k_out = torch.ops.posemb.rotate_cpu(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate)
+    return q_out, k_out
 
 
-@rotate_cpu.register_fake
-def _(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-@torch.library.custom_op("posemb::rotate_cpu_", mutates_args=("q", "k"), device_types="cpu")
 def rotate_cpu_(
     q: Tensor,
     k: Tensor,
@@ -85,12 +55,22 @@ def rotate_cpu_(
     interleaved: bool,
     conjugate: bool,
 ) -> None:
-    """Rotate q and k in their own memory (inference: not differentiable)."""
-    rotate_cpu_eager(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate, True)
+    """Rotate q and k in their own memory: ``torch.ops.posemb.rotate_cpu_`` (inference: not
+    differentiable)."""
+    _require()
+    torch.ops.posemb.rotate_cpu_(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate)
 
 
-@rotate_cpu_.register_fake
-def _(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
+def _require() -> None:
+    if _cpu.load() is None:
+        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_cpu.unavailable_reason()}")
+
+
+def _fake_rotate_cpu(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _fake_rotate_cpu_(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
     return None
 
 
@@ -121,7 +101,18 @@ def backward_by_conjugate(op: Callable[..., tuple[Tensor, Tensor]]) -> Callable[
     return backward
 
 
-rotate_cpu.register_autograd(backward_by_conjugate(rotate_cpu), setup_context=setup_context)
+def _register_cpu() -> None:
+    """The Python halves of the C++ ops, registered once the library has defined them."""
+    torch.library.register_fake("posemb::rotate_cpu", _fake_rotate_cpu)
+    torch.library.register_fake("posemb::rotate_cpu_", _fake_rotate_cpu_)
+    torch.library.register_autograd(
+        "posemb::rotate_cpu",
+        backward_by_conjugate(torch.ops.posemb.rotate_cpu),
+        setup_context=setup_context,
+    )
+
+
+_cpu.on_load(_register_cpu)
 
 
 __all__ = ["rotate_cpu", "rotate_cpu_"]

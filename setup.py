@@ -1,0 +1,88 @@
+"""Builds posemb's fused CPU op into the wheel; everything else is in pyproject.toml.
+
+The op is compiled against the torch of the build environment, on its stable ABI (see
+src/posemb/kernels/build.py), so a release wheel is built with that torch installed and no
+build isolation, which would fetch another torch:
+
+    pip wheel --no-deps --no-build-isolation -w dist .
+
+POSEMB_BUILD_OP=1 makes a build without torch an error, 0 skips the op. With the default
+(auto) a build without torch gives a pure-Python wheel and says so; it still runs everywhere,
+with the op compiled on first use where a compiler and ninja exist (posemb[jit]), else the
+reference rotation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+
+from setuptools import setup
+
+ROOT = pathlib.Path(__file__).resolve().parent
+MODES = ("auto", "0", "1")
+
+
+def _kernel_build():
+    """posemb/kernels/build.py, loaded by path: importing posemb would import torch."""
+    path = ROOT / "src" / "posemb" / "kernels" / "build.py"
+    spec = importlib.util.spec_from_file_location("_posemb_kernel_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _op_options() -> dict:
+    mode = os.environ.get("POSEMB_BUILD_OP", "auto")
+    if mode not in MODES:
+        raise SystemExit(f"POSEMB_BUILD_OP must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "0":
+        return {}
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        if mode == "1":
+            raise SystemExit(
+                "POSEMB_BUILD_OP=1, but torch cannot be imported in the build environment; "
+                "build with --no-build-isolation in an environment that has torch"
+            ) from None
+        print(
+            "posemb: torch is not importable here, so the wheel carries no prebuilt CPU op "
+            "(pip wheel --no-build-isolation with torch installed builds it)",
+            file=sys.stderr,
+        )
+        return {}
+    kb = _kernel_build()
+    sources = [str((kb.CSRC / name).relative_to(ROOT)) for name in kb.SOURCES]
+    ext = CppExtension(
+        f"posemb.{kb.LIBRARY}",
+        sources,
+        extra_compile_args=kb.cflags(),
+        extra_link_args=kb.ldflags(),
+        py_limited_api=True,
+    )
+
+    class Build(BuildExtension):
+        """Also writes posemb/_C.json: the sources the library was built from, which a
+        source checkout compares with its own to tell a stale in-tree build."""
+
+        def run(self) -> None:
+            super().run()
+            folder = pathlib.Path(self.get_ext_fullpath(ext.name)).parent
+            record = folder / f"{kb.LIBRARY}.json"
+            tmp = record.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"sources": kb.source_hash()}) + "\n")
+            os.replace(tmp, record)
+
+    return {
+        "ext_modules": [ext],
+        "cmdclass": {"build_ext": Build},
+        # No Python.h in the op: one wheel for every CPython from 3.10 on.
+        "options": {"bdist_wheel": {"py_limited_api": "cp310"}},
+    }
+
+
+setup(**_op_options())

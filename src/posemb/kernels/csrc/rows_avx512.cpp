@@ -1,0 +1,27 @@
+// The row loop for CPUs with AVX-512 F, BW, VL and DQ (Skylake-SP, Zen 4 and later): 16 float
+// lanes; the bfloat16 rounding is integer work that a 2-core machine feels, so the width
+// pays there most.
+#include <algorithm>
+#include <cstdint>
+
+#include "rope.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__clang__)
+#pragma clang attribute push(                                                              \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
+    apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
+#endif
+
+#define POSEMB_F16C 1
+#define POSEMB_NS avx512
+#define POSEMB_VARIANT kAvx512
+#define POSEMB_NAME "avx512"
+#include "rows.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif
