@@ -188,22 +188,23 @@ def test_sparse_config_without_transformers_names_key_and_model_type(monkeypatch
 
     def no_transformers(name, *args, **kwargs):
         if name == "transformers" or name.startswith("transformers."):
-            raise ImportError("no transformers here")
+            raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_transformers)
-    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'layer_types'"):
+    # A missing optional dependency is an ImportError naming the extra, not bad input.
+    with pytest.raises(ImportError, match="model_type 'gemma3_text' does not set 'layer_types'"):
         hf.model_rope(config)
     layers = config["text_config"]["num_hidden_layers"]
     config["text_config"] |= {"layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 6}
     config["text_config"]["layer_types"] = config["text_config"]["layer_types"][:layers]
-    with pytest.raises(ValueError, match="does not set 'rope_local_base_freq'"):
+    with pytest.raises(ImportError, match="does not set 'rope_local_base_freq'"):
         hf.model_rope(config)
     config["text_config"]["rope_local_base_freq"] = 1e4
-    with pytest.raises(ValueError, match="does not set 'num_attention_heads'"):
+    with pytest.raises(ImportError, match="does not set 'num_attention_heads'"):
         hf.model_rope(config)
     config["text_config"]["num_attention_heads"] = 8
-    with pytest.raises(ValueError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
+    with pytest.raises(ImportError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
         hf.model_rope(config)
     config["text_config"]["rope_theta"] = 1e6
     assert hf.model_rope(config).kind("sliding_attention").spec.base == 1e4

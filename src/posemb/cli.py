@@ -189,6 +189,10 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
 def _cmd_lab(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from . import _extras
+
+    # At the door: a run can take hours, and its plots come at the end.
+    _extras.require("matplotlib", "posemb lab (its plots)", "lab")
     from .lab import report, sweep
 
     preset = args.preset
@@ -446,10 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``posemb`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ._extras import MissingExtra
+
     try:
         return int(args.func(args))
-    except (ValueError, RuntimeError) as err:
-        # Bad input is the user's to fix: one line, no traceback, exit status 2.
+    except (ValueError, RuntimeError, MissingExtra) as err:
+        # Bad input (or a missing extra) is the user's to fix: one line, exit status 2.
         print(f"posemb {args.command}: error: {err}", file=sys.stderr)
         return 2
 

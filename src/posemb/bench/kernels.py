@@ -69,6 +69,8 @@ class Row:
     transformers: str | None
     triton: str | None
     timestamp: str
+    cpu_op: str | None = None
+    """Where the CPU op came from and its instruction-set variant, e.g. ``"wheel avx2"``."""
 
 
 def _sync(device: torch.device) -> None:
@@ -200,7 +202,8 @@ def run(
     shapes: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[Row], dict[str, float]]:
-    """Run the benchmark; return its rows and one-off costs (``cpu_kernel_build_s``).
+    """Run the benchmark; return its rows and one-off costs (``cpu_kernel_load_s``: finding,
+    and in a source checkout compiling, the CPU op).
 
     Args:
         device: "cpu" or "cuda".
@@ -221,12 +224,14 @@ def run(
             raise ValueError(f"unknown shape {n!r}; known: {', '.join(table)}")
     reps = repeats or (2 if quick else (5 if dev.type == "cpu" else 50))
     one_off: dict[str, float] = {}
+    cpu_op = None
     if dev.type == "cpu":
         t0 = time.perf_counter()
         from ..kernels import cpu
 
-        cpu.load()
+        loaded = cpu.load()
         one_off["cpu_kernel_load_s"] = time.perf_counter() - t0
+        cpu_op = f"{loaded.source} {loaded.variant}" if loaded else None
     meta = {
         "device": dev.type,
         "device_name": torch.cuda.get_device_name(dev)
@@ -238,6 +243,7 @@ def run(
         "transformers": _version("transformers"),
         "triton": _version("triton"),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_op": cpu_op,
     }
     rows: list[Row] = []
     for shape_name in names:
@@ -436,7 +442,7 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
     r0 = rows[0]
     lines = [
         f"posemb bench: {r0.device} ({r0.device_name}), {r0.threads} threads, torch {r0.torch}, "
-        f"{r0.timestamp}",
+        f"{r0.timestamp}" + (f", CPU op: {r0.cpu_op}" if r0.cpu_op else ""),
     ]
     lines += [f"one-off: {k} = {v:.2f}" for k, v in one_off.items()]
     lines.append(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import _checks, _io
+from .. import _checks, _extras, _io
 from .. import scaling as sc
 from .. import temperature as _temperature
 from ..rope import Layout, RotaryEmbedding
@@ -786,10 +786,13 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
     what = f"model_type {model_type!r}" if model_type else "a config without model_type"
     try:
         import transformers
-    except ImportError:
-        raise ValueError(
+    except ImportError as err:
+        if not _extras.is_missing(err, "transformers"):
+            raise
+        raise _extras.MissingExtra(
             f"{what} does not set {missing!r} and leaves it to the model class's default; "
-            f"posemb does not guess it: install transformers to read the default, or add the key"
+            f"posemb does not guess it: add the key, or install transformers to read the "
+            f"default (pip install 'posemb[hf]')"
         ) from None
     outer_type = d.get("model_type")
     if not isinstance(outer_type, str):

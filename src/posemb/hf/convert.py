@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .. import _checks
+from .. import _checks, _extras
 from .._io import atomic_write
 from ..rope import Layout, permute_layout
 
@@ -96,10 +96,8 @@ def convert_checkpoint(
     try:
         from safetensors import safe_open
         from safetensors.torch import save_file
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "posemb convert needs the safetensors package: pip install 'posemb[hf]'"
-        ) from None
+    except ImportError as err:
+        raise _extras.missing(err, "posemb convert", "hf") from None
     src_p, dst_p = pathlib.Path(src), pathlib.Path(dst)
     if not src_p.is_file():
         raise ValueError(f"input {str(src_p)!r} does not exist or is not a file")

@@ -27,7 +27,7 @@ import logging
 
 import torch
 
-from .. import _checks, _renamed
+from .. import _checks, _extras, _renamed
 from . import cpu as _cpu
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
 from . import reference
@@ -53,7 +53,7 @@ def triton_unavailable_reason() -> str | None:
     try:
         from . import triton as _  # noqa: F401
     except ImportError as err:
-        return f"triton is not installed ({err}); pip install triton"
+        return str(_extras.missing(err, "the Triton backend", "triton"))
     return None
 
 

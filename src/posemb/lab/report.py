@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import _extras
 from .._io import atomic_write, atomic_write_bytes
 from .._version import __version__
 
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
     from .corpus import Corpus
     from .sweep import LabConfig
+
+logger = logging.getLogger("posemb.lab")
 
 DEFAULT_SUMMARY = "default_summary.json"
 
@@ -552,7 +556,8 @@ def _plots(summary: dict, out: str) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
+    except ImportError as err:
+        logger.warning("posemb: lab plots not drawn: %s", _extras.missing(err, "drawing them"))
         return []
     cfg = summary["config"]
     lens, train = cfg["eval_lens"], cfg["train_len"]

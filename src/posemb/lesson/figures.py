@@ -29,14 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
-import altair as alt
 import torch
-import vl_convert
 
-from .. import absolute, attention, freqs, rope, scaling
+from .. import _extras, absolute, attention, freqs, rope, scaling
 from ..lab import dog_bites_man as dbm
 from ..lab import report
 from . import claims
+
+try:
+    import altair as alt
+    import vl_convert
+except ImportError as _import_error:
+    raise _extras.missing(_import_error, "posemb's lesson figures", "lesson") from None
 
 F64 = torch.float64
 

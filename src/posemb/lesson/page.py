@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from .. import _extras
 from .._io import read_json
 from .._version import __version__
 from . import claims as _claims
@@ -106,6 +107,8 @@ def build_lesson(
     Returns:
         The :class:`LessonBuild`.
     """
+    # At the door: nothing is computed or written without the lesson extra.
+    _extras.require_all(("jinja2", "altair", "vl_convert", "matplotlib"), "posemb lesson", "lesson")
     from . import figures as _figures
     from . import parchment as _parchment
     from . import render
