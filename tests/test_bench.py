@@ -21,13 +21,13 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
     assert {r["mode"] for r in rows} == {"forward", "backward", "both"}
     methods = {r["method"] for r in rows}
     assert {"bandwidth: x.mul_(1.0)", "transformers eager", "posemb cpu in-place"} <= methods
-    # Ratios are against the reference measured in the same run, row for row.
+    # Bandwidth ratios come from runs paired with the reference (the median of per-pair
+    # ratios), so they need not equal the ratio of the rows' medians; HF ratios are row for row.
     by = {(r["dtype"], r["mode"], r["method"]): r for r in rows if r["shape_name"] == "decode"}
     for dtype in ("fp32", "bf16"):
         fused = by[(dtype, "forward", "posemb cpu in-place")]
-        ref = by[(dtype, "forward", "bandwidth: x.mul_(1.0)")]
-        want = float(fused["median_ms"]) / float(ref["median_ms"])
-        assert float(fused["vs_bandwidth"]) == pytest.approx(want, rel=1e-9)
+        assert 0 < float(fused["vs_bandwidth"]) < float("inf")
+        assert float(by[(dtype, "forward", "posemb cpu")]["vs_bandwidth"]) > 0
         eager = by[(dtype, "forward", "transformers eager")]
         want = float(eager["median_ms"]) / float(fused["median_ms"])
         assert float(fused["vs_hf_eager"]) == pytest.approx(want, rel=1e-9)

@@ -78,6 +78,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _time_paired(
+    fn: Callable[[], object], ref: Callable[[], object], device: torch.device, repeats: int
+) -> tuple[float, list[float], float]:
+    """``fn`` timed in alternation with its bandwidth reference ``ref``: first-call time,
+    steady-state times (ms), and the median of the per-pair ratios fn/ref. Measured apart, the
+    reference at the start of a run and a method a minute later, the ratio drifted by 1.2x
+    to 1.6x on a shared machine; pairs see the same machine state."""
+    first, _ = _time(fn, device, 0)  # the first call, and one to warm up
+
+    def once(f: Callable[[], object]) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        f()
+        _sync(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    times, ratios = [], []
+    for _ in range(repeats):
+        r, t = once(ref), once(fn)
+        times.append(t)
+        ratios.append(t / r if r > 0 else float("nan"))
+    return first, times, statistics.median(ratios)
+
+
 def _time(
     fn: Callable[[], object], device: torch.device, repeats: int
 ) -> tuple[float, list[float]]:
@@ -350,7 +374,14 @@ def _measure(
     rows: list[Row] = []
     forward_ms: dict[str, float] = {}
 
-    def record(mode: str, method: str, first: float, times: list[float], traffic: int) -> None:
+    def record(
+        mode: str,
+        method: str,
+        first: float,
+        times: list[float],
+        traffic: int,
+        vs_bandwidth: float | None = None,
+    ) -> None:
         med = statistics.median(times)
         q = statistics.quantiles(times, n=5) if len(times) > 1 else [med] * 4
         if mode == "forward":
@@ -368,7 +399,7 @@ def _measure(
                 q[0],
                 q[-1],
                 gbps,
-                None,
+                vs_bandwidth,
                 None,
                 first,
                 **meta,
@@ -378,15 +409,22 @@ def _measure(
             progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {med:9.3f} ms")
 
     # Bandwidth references, forward only.
-    first, times = _time(lambda: x.mul_(1.0), dev, reps)
+    def mul() -> object:
+        return x.mul_(1.0)
+
+    def copy() -> object:
+        return torch.empty_like(x).copy_(x)
+
+    first, times = _time(mul, dev, reps)
     record("forward", "bandwidth: x.mul_(1.0)", first, times, 2 * nbytes)
-    first, times = _time(lambda: torch.empty_like(x).copy_(x), dev, reps)
+    first, times = _time(copy, dev, reps)
     record("forward", "bandwidth: empty_like.copy_", first, times, 2 * nbytes)
     grad = torch.randn_like(x)
     for method, (kind, fn) in _methods(x, cos, sin, dev).items():
         with torch.no_grad():
-            first, times = _time(functools.partial(fn, x), dev, reps)
-        record("forward", method, first, times, 2 * nbytes)
+            ref = mul if kind == "inplace" else copy
+            first, times, ratio = _time_paired(functools.partial(fn, x), ref, dev, reps)
+        record("forward", method, first, times, 2 * nbytes, ratio)
         if kind == "inplace":
             continue  # in place is the inference path: no autograd
         xg = x.detach().clone().requires_grad_()
@@ -410,7 +448,7 @@ def _ratios(rows: list[Row]) -> None:
         key = (r.shape_name, r.dtype)
         if r.method.startswith("bandwidth"):
             continue
-        if r.mode == "forward":
+        if r.mode == "forward" and r.vs_bandwidth is None:  # not timed in pairs
             ref = (
                 "bandwidth: x.mul_(1.0)"
                 if r.method.endswith("in-place")

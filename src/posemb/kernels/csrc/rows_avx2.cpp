@@ -31,16 +31,26 @@ inline __m256 load8(const f16* p) {
 }
 
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// Round to nearest even, as the scalar store: a NaN keeps its top bits and is made quiet.
-inline void store8(bf16* p, __m256 v) {
+
+// Each lane of v rounded to bfloat16 (nearest even, as the scalar store), left in the lane's
+// high 16 bits with the low ones zero. A NaN keeps its top bits and is made quiet; lanes are
+// checked for NaN first, so finite data skips the blend.
+inline __m256i round_bf16_high(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
-  const __m256i top = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  const __m256i nan = _mm256_or_si256(top, _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i bits = _mm256_blendv_epi8(rounded, nan, is_nan);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256i bits = _mm256_and_si256(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), high);
+  const __m256 unordered = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  if (__builtin_expect(_mm256_movemask_ps(unordered) != 0, 0)) {
+    const __m256i nan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), high);
+    bits = _mm256_blendv_epi8(bits, nan, _mm256_castps_si256(unordered));
+  }
+  return bits;
+}
+
+inline void store8(bf16* p, __m256 v) {
+  const __m256i bits = _mm256_srli_epi32(round_bf16_high(v), 16);
   // Every lane is < 2^16, so unsigned saturation narrows exactly.
   const __m128i packed =
       _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
@@ -83,6 +93,28 @@ int64_t rows_interleaved(const T* src, T* dst, const float* c, const float* s, i
     const __m256 rb = _mm256_fmadd_ps(b, cj, _mm256_mul_ps(a, sj));
     store8(dst + 2 * j, _mm256_unpacklo_ps(ra, rb));      // pairs 0 1 | 2 3
     store8(dst + 2 * j + 8, _mm256_unpackhi_ps(ra, rb));  // pairs 4 5 | 6 7
+  }
+  return j;
+}
+
+// bfloat16 pairs (2j, 2j + 1) are one 32-bit word each, b in the high half: a shift and a
+// mask give both coordinates as floats, and the rounded results are put back the same way,
+// with no shuffle at all (the generic split above cost 1.5-1.6x x.mul_, all on one port).
+inline int64_t rows_interleaved(const bf16* src, bf16* dst, const float* c, const float* s,
+                                int64_t n, float sign) {
+  const __m256 sg = _mm256_set1_ps(sign);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * j));
+    const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    const __m256 b = _mm256_castsi256_ps(_mm256_and_si256(x, high));
+    const __m256 cj = _mm256_loadu_ps(c + j), sj = _mm256_mul_ps(sg, _mm256_loadu_ps(s + j));
+    const __m256 ra = _mm256_fmsub_ps(a, cj, _mm256_mul_ps(b, sj));
+    const __m256 rb = _mm256_fmadd_ps(b, cj, _mm256_mul_ps(a, sj));
+    const __m256i bits =
+        _mm256_or_si256(_mm256_srli_epi32(round_bf16_high(ra), 16), round_bf16_high(rb));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * j), bits);
   }
   return j;
 }
