@@ -224,6 +224,22 @@ def test_opcheck_cpu_ops(inplace):
         torch.library.opcheck(op.default, (q, k, cos, sin, kc, ks, interleaved, False))
 
 
+def test_opcheck_cpu_into_op():
+    """The eager path's op, rotating into outputs the caller allocated (or in place)."""
+    from posemb.kernels import cpu
+
+    assert cpu.load() is not None, cpu.unavailable_reason()
+    op = torch.ops.posemb._rotate_cpu_into.default
+    for q, k, cos, sin, kc, ks, interleaved in _op_cases("cpu"):
+        outs = (torch.empty_like(q), torch.empty_like(k))
+        torch.library.opcheck(op, (q, k, *outs, cos, sin, kc, ks, interleaved, False))
+        want = kernels.rotate(q, k, cos, sin, k_cos=kc, k_sin=ks, backend="reference",
+                              layout="interleaved" if interleaved else "half")  # fmt: skip
+        op(q, k, *outs, cos, sin, kc, ks, interleaved, False)
+        assert_close(outs[0], want[0], q.dtype)
+        assert_close(outs[1], want[1], q.dtype)
+
+
 # Triton's CPU interpreter copies every argument to host memory, which fake tensors cannot do:
 # on the CPU the fake-tensor and AOT checks run only on the CPU op; benchmarks/gpu.sh runs all.
 TRITON_OPCHECKS = (

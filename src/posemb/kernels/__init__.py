@@ -37,9 +37,6 @@ logger = logging.getLogger("posemb.kernels")
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 _logged: set[str] = set()
-# torch's guard that dispatches below the autograd keys (what torch.library's own autograd
-# wrapper uses); private, so its absence only costs the fast path.
-_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
 def _log_once(key: str, message: str) -> None:
@@ -167,8 +164,8 @@ def _f32_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Nothing traces these tensors and nothing needs their gradient: the op's Python
-    autograd kernel can be skipped (compile, export and autograd always go through it)."""
+    """Nothing traces these tensors and nothing needs their gradient: the functional op can
+    be skipped (compile, export and autograd always go through it)."""
     return (
         type(q) is torch.Tensor
         and type(k) is torch.Tensor
@@ -226,15 +223,16 @@ def _cpu_pair(
     if inplace:
         torch.ops.posemb.rotate_cpu_.default(q, k, c, s, kc, ks, interleaved, False)
         return q, k
-    op = torch.ops.posemb.rotate_cpu.default
-    if _plain_eager(q, k) and _below_autograd is not None:
-        # The autograd kernel registered from Python costs ~13 us a call even when nothing
-        # needs a gradient (a decode step calls this once per layer); below it, the C++
-        # kernel runs directly.
-        with _below_autograd():
-            q_out, k_out = op(q, k, c, s, kc, ks, interleaved, False)
+    if _plain_eager(q, k):
+        # The functional op's autograd kernel (registered from Python) and its allocations
+        # through the stable ABI cost ~12 us a call even when nothing needs a gradient, and a
+        # decode step calls this once per layer: allocate here and rotate into the outputs.
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        torch.ops.posemb._rotate_cpu_into.default(
+            q, k, q_out, k_out, c, s, kc, ks, interleaved, False
+        )
         return q_out, k_out
-    q_out, k_out = op(q, k, c, s, kc, ks, interleaved, False)
+    q_out, k_out = torch.ops.posemb.rotate_cpu.default(q, k, c, s, kc, ks, interleaved, False)
     return q_out, k_out
 
 

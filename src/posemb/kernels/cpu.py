@@ -424,8 +424,7 @@ def rope_apply(
     if load() is None:
         raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
     none = x[:, :0]  # a side with no heads costs nothing
-    if out is x:
-        torch.ops.posemb.rotate_cpu_(x, none, cos, sin, None, None, interleaved, conjugate)
-        return out
-    rotated, _ = torch.ops.posemb.rotate_cpu(x, none, cos, sin, None, None, interleaved, conjugate)
-    return out.copy_(rotated)
+    torch.ops.posemb._rotate_cpu_into(
+        x, none, out, none, cos, sin, None, None, interleaved, conjugate
+    )
+    return out

@@ -74,6 +74,10 @@ def _fake_rotate_cpu_(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
     return None
 
 
+def _fake_rotate_cpu_into(q, k, q_out, k_out, cos, sin, k_cos, k_sin, interleaved, conjugate):
+    return None
+
+
 def unit_last(x: Tensor) -> Tensor:
     """``x`` with unit stride in its last dimension (incoming gradients may be expanded)."""
     return x if x.stride(-1) == 1 else x.contiguous()
@@ -105,6 +109,7 @@ def _register_cpu() -> None:
     """The Python halves of the C++ ops, registered once the library has defined them."""
     torch.library.register_fake("posemb::rotate_cpu", _fake_rotate_cpu)
     torch.library.register_fake("posemb::rotate_cpu_", _fake_rotate_cpu_)
+    torch.library.register_fake("posemb::_rotate_cpu_into", _fake_rotate_cpu_into)
     torch.library.register_autograd(
         "posemb::rotate_cpu",
         backward_by_conjugate(torch.ops.posemb.rotate_cpu),
