@@ -56,12 +56,24 @@ def _op_options() -> dict:
         )
         return {}
     kb = _kernel_build()
-    sources = [str((kb.CSRC / name).relative_to(ROOT)) for name in kb.SOURCES]
+    import torch
+
+    have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if have < kb.TARGET:
+        why = f"torch {torch.__version__} is older than the op's stable ABI ({kb.TARGET})"
+        if mode == "1":
+            raise SystemExit(f"POSEMB_BUILD_OP=1, but {why}")
+        print(f"posemb: {why}, so the wheel carries no prebuilt CPU op", file=sys.stderr)
+        return {}
+    relative = [str((kb.CSRC / name).relative_to(ROOT)) for name in kb.SOURCES]
     ext = CppExtension(
         f"posemb.{kb.LIBRARY}",
-        sources,
+        relative,
         extra_compile_args=kb.cflags(),
         extra_link_args=kb.ldflags(),
+        # The headers too: setuptools rebuilds only when a listed file is newer than the
+        # library, and the record below must describe what was compiled.
+        depends=[str((kb.CSRC / name).relative_to(ROOT)) for name in kb.HEADERS],
         py_limited_api=True,
     )
 

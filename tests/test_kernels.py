@@ -225,7 +225,7 @@ def test_opcheck_cpu_ops(inplace):
 
 
 def test_opcheck_cpu_into_op():
-    """The eager path's op, rotating into outputs the caller allocated (or in place)."""
+    """The eager path's op, rotating into outputs the caller allocated."""
     from posemb.kernels import cpu
 
     assert cpu.load() is not None, cpu.unavailable_reason()

@@ -19,6 +19,8 @@ from test_kernels import CASES, DTYPES, make, tables
 from tolerances import assert_close
 
 LOADED = cpu.load()
+# Rotary halves that are not a multiple of 8 (18, 6) run the scalar loop after the vector one.
+VARIANT_CASES = [*CASES, ((2, 3, 11, 40), 1, 36), ((1, 2, 5, 12), 2, 12)]
 VARIANTS = list(LOADED.variants) if LOADED else ["baseline", "avx2", "avx512"]
 
 
@@ -46,7 +48,7 @@ def test_the_op_is_loaded_with_its_source_and_variant():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", list(Layout))
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])))
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: "x".join(map(str, c[0])))
 def test_each_variant_matches_the_reference_forward_and_backward(variant, dtype, layout, case):
     shape, kv, rotary = case
     q, k = make(shape, kv, dtype, "cpu")
@@ -71,6 +73,7 @@ def test_each_variant_matches_the_reference_forward_and_backward(variant, dtype,
     q2, k2 = q.clone(), k.clone()
     kernels.rotate(q2, k2, cos, sin, layout=layout, backend="cpu", inplace=True)
     assert_close(q2, got_q, dtype)
+    assert_close(k2, got_k, dtype)
 
 
 def _every_bit_pattern(dtype: torch.dtype) -> torch.Tensor:
@@ -127,7 +130,8 @@ def test_a_bad_variant_in_the_environment_is_an_error(monkeypatch):
         monkeypatch.setenv(cpu.VARIANT_ENV, unrunnable[0])
         with pytest.raises(ValueError, match=f"this CPU cannot run the {unrunnable[0]} variant"):
             cpu._choose_variant(lib)
-    assert cpu.info().variant == LOADED.variant  # nothing changed
+    active = LOADED.variants and list(LOADED.variants)[lib.posemb_variant_active()]
+    assert active == cpu.info().variant  # the library still runs what posemb says it runs
 
 
 def test_use_variant_refuses_an_unknown_name():
@@ -172,9 +176,43 @@ def test_the_op_checks_its_arguments_in_cpp():
         torch.ops.posemb.rotate_cpu(q.double(), q.double(), cos, cos, None, None, False, False)
     with pytest.raises(RuntimeError, match="unit stride"):
         torch.ops.posemb.rotate_cpu(q.transpose(2, 3), q, cos, cos, None, None, False, False)
+    # A per-batch cos beside a shared sin would read sin past its end.
+    q2, cos2 = torch.randn(2, 2, 5, 16), torch.ones(2, 5, 8)
+    with pytest.raises(RuntimeError, match="sin must have cos's shape"):
+        torch.ops.posemb.rotate_cpu(q2, q2, cos2, cos2[:1], None, None, False, False)
+    with pytest.raises(RuntimeError, match="k_sin k_cos's"):
+        torch.ops.posemb.rotate_cpu(q2, q2, cos2, cos2, cos2, cos2[:1], False, False)
+    # Written tensors: no element twice (an expanded k), outputs apart from inputs.
+    k_expanded = torch.randn(2, 1, 5, 16).expand(2, 4, 5, 16)
+    with pytest.raises(RuntimeError, match="must not overlap"):
+        torch.ops.posemb.rotate_cpu_(q2, k_expanded, cos2, cos2, None, None, False, False)
+    with pytest.raises(RuntimeError, match="must not share memory"):
+        torch.ops.posemb._rotate_cpu_into(
+            q2, q2, q2, torch.empty_like(q2), cos2, cos2, None, None, False, False
+        )
+    qkv = torch.randn(2, 5, 3, 2, 16)  # one fused buffer: q and k interleave in memory
+    q3, k3 = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    want_q, want_k = kernels.rotate(q3, k3, cos2, cos2 * 0, backend="reference")
+    torch.ops.posemb.rotate_cpu_(q3, k3, cos2, cos2 * 0, None, None, False, False)
+    assert torch.equal(q3, want_q) and torch.equal(k3, want_k)
 
 
 # How the library is found ---------------------------------------------------------------------
+
+
+def test_a_prebuilt_library_that_does_not_open_falls_through_to_the_jit_build(
+    monkeypatch, tmp_path
+):
+    """dlopen failing (an older glibc) registers nothing, so the next source is tried."""
+    broken = tmp_path / "_C.abi3.so"
+    broken.write_bytes(b"not a library")
+    monkeypatch.setattr(cpu, "prebuilt_path", lambda: broken)
+    monkeypatch.setattr(cpu, "_prebuilt_refusal", lambda path: None)
+    monkeypatch.setattr(cpu, "_jit_refusal", lambda: "no C++ compiler (c++/g++) on PATH")
+    monkeypatch.setattr(cpu, "_error", None)
+    assert cpu._find(verbose=False) is None
+    assert cpu._error.startswith("the prebuilt op _C.abi3.so does not load here: ")
+    assert cpu._error.endswith("; no C++ compiler (c++/g++) on PATH")
 
 
 def test_a_prebuilt_op_is_refused_on_a_torch_before_its_stable_abi(monkeypatch, tmp_path):
@@ -195,6 +233,7 @@ def test_a_stale_in_tree_build_is_refused(tmp_path):
 
 def test_a_failed_build_warns_once_with_its_last_lines(monkeypatch, caplog):
     monkeypatch.setattr(cpu, "_loaded", None)
+    monkeypatch.setattr(cpu, "_library", None)
     monkeypatch.setattr(cpu, "_error", None)
     monkeypatch.setattr(cpu, "prebuilt_path", lambda: None)
     monkeypatch.setattr(cpu, "_jit_refusal", lambda: None)
@@ -223,12 +262,16 @@ def test_without_compiler_or_ninja_the_reason_names_the_fix(monkeypatch):
     assert "pip install 'posemb[jit]'" in (cpu._jit_refusal() or "")
 
 
-def test_first_build_says_so_on_stderr(monkeypatch, capsys):
+def test_first_build_says_so_on_stderr(monkeypatch, capsys, tmp_path):
+    import contextlib
+
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpu, "_is_built", lambda name: False)
-    monkeypatch.setattr(cpp_extension, "load", lambda name, **kw: None)
-    cpu._jit_build(verbose=False)
+    monkeypatch.setattr(cpu, "_build_folder", lambda name: str(tmp_path))
+    monkeypatch.setattr(cpu, "_exclusive", lambda folder: contextlib.nullcontext())
+    monkeypatch.setattr(cpp_extension, "load", lambda name, **kw: str(tmp_path / "lib.so"))
+    assert cpu._jit_build(verbose=False) == str(tmp_path / "lib.so")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "building the fused CPU RoPE op" in err
 

@@ -39,19 +39,24 @@ def is_missing(err: ImportError, module: str) -> bool:
     )
 
 
-def missing(err: ImportError, feature: str, extra: str | None = None) -> ImportError:
-    """What to raise for ``err``, caught importing an optional module for ``feature``: a
-    :class:`MissingExtra` naming the extra when the module is not installed, else ``err``.
-
-    ``raise missing(err, "posemb convert") from None`` in an ``except ImportError`` block.
-    """
-    module = getattr(err, "name", None) or ""
-    if not is_missing(err, module):
-        return err
+def _missing_extra(module: str, feature: str, extra: str | None) -> MissingExtra:
     dist, default_extra = EXTRAS.get(module.split(".")[0], (module, None))
     which = extra or default_extra
     fix = f"pip install 'posemb[{which}]'" if which else f"pip install {dist}"
     return MissingExtra(f"{feature} needs {dist}, which is not installed: {fix}")
+
+
+def missing(err: ImportError, feature: str, extra: str | None = None) -> ImportError:
+    """What to raise for ``err``, caught importing an optional module for ``feature``: a
+    :class:`MissingExtra` naming the extra when the module absent is one of :data:`EXTRAS`
+    (the optional dependency itself), else ``err`` (a broken install, a bug).
+
+    ``raise missing(err, "posemb convert") from None`` in an ``except ImportError`` block.
+    """
+    module = getattr(err, "name", None) or ""
+    if module.split(".")[0] not in EXTRAS or not is_missing(err, module):
+        return err
+    return _missing_extra(module, feature, extra)
 
 
 def require(module: str, feature: str, extra: str | None = None) -> ModuleType:
@@ -68,7 +73,12 @@ def require(module: str, feature: str, extra: str | None = None) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise missing(err, feature, extra) from None
+        if not is_missing(err, module):
+            raise  # the module is there but broke, or a dependency of it is missing
+        dist, default_extra = EXTRAS.get(module.split(".")[0], (module, None))
+        which = extra or default_extra
+        fix = f"pip install 'posemb[{which}]'" if which else f"pip install {dist}"
+        raise MissingExtra(f"{feature} needs {dist}, which is not installed: {fix}") from None
 
 
 def require_all(modules: tuple[str, ...], feature: str, extra: str | None = None) -> None:

@@ -131,7 +131,7 @@ def _prebuilt_refusal(path: pathlib.Path) -> str | None:
 def _jit_refusal() -> str | None:
     """Why the JIT build cannot be tried here, or None."""
     if not _build.CSRC.exists():
-        return "no prebuilt op in this install and no sources to build one"
+        return "this install has no sources to build one"
     target = _build.TARGET
     if _torch_version() < target:
         return (
@@ -139,14 +139,11 @@ def _jit_refusal() -> str | None:
             f"torch {torch.__version__}"
         )
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        return "no prebuilt op in this install, and no C++ compiler (c++/g++) on PATH to build one"
+        return "no C++ compiler (c++/g++) on PATH to build one"
     try:
         import ninja  # noqa: F401  (torch's extension builder needs it)
     except ImportError:
-        return (
-            "no prebuilt op in this install, and the ninja package to build one is missing "
-            "(pip install 'posemb[jit]')"
-        )
+        return "the ninja package to build one is missing (pip install 'posemb[jit]')"
     return None
 
 
@@ -173,20 +170,16 @@ def _jit_build(verbose: bool) -> str:
             flush=True,
         )
     with _exclusive(folder):
-        build(
+        path = build(
             JIT_NAME,
             sources=[str(_build.CSRC / name) for name in _build.SOURCES],
             extra_cflags=_build.cflags(),
             extra_ldflags=_build.ldflags(),
             build_directory=folder,  # None: torch's own choice
-            is_python_module=False,  # a plain library: torch.ops.load_library
+            is_python_module=False,  # a plain library, loaded with torch.ops.load_library
             verbose=verbose,
         )
-    if folder is None:
-        from torch.utils.cpp_extension import _get_build_directory
-
-        folder = str(_get_build_directory(JIT_NAME, verbose=False))
-    return os.path.join(folder, f"{JIT_NAME}.so")
+    return str(path)
 
 
 def _choose_variant(lib: ctypes.CDLL) -> tuple[str, str, dict[str, bool]]:
@@ -215,29 +208,42 @@ def _choose_variant(lib: ctypes.CDLL) -> tuple[str, str, dict[str, bool]]:
     return wanted, f"forced by {VARIANT_ENV}={wanted}", runs
 
 
-def _open(path: str, source: str, skipped: list[str], started: float) -> Loaded:
-    """Load the library's ops (if not loaded yet) and read what it says of itself."""
-    if path not in torch.ops.loaded_libraries:
-        torch.ops.load_library(path)
-    lib = ctypes.CDLL(path)
+@dataclasses.dataclass(frozen=True)
+class _Library:
+    """A library whose ops are registered in this process: once one is, no other may be."""
+
+    path: str
+    source: str
+    skipped: tuple[str, ...]
+    seconds: float
+
+
+_library: _Library | None = None
+
+
+def _describe(library: _Library) -> Loaded:
+    """Choose the variant and read what the library says of itself; raises ``ValueError``
+    for a bad ``POSEMB_CPU_VARIANT`` (every call, until it is fixed)."""
+    lib = ctypes.CDLL(library.path)
     lib.posemb_torch_headers.restype = ctypes.c_uint64
     lib.posemb_torch_target.restype = ctypes.c_uint64
     variant, why, runs = _choose_variant(lib)
     return Loaded(
-        source=source,
-        path=path,
+        source=library.source,
+        path=library.path,
         variant=variant,
         variant_reason=why,
         variants=runs,
         torch_headers=_abi_version(lib.posemb_torch_headers()),
         torch_target=_abi_version(lib.posemb_torch_target()),
-        skipped=tuple(skipped),
-        load_seconds=time.perf_counter() - started,
+        skipped=library.skipped,
+        load_seconds=library.seconds,
     )
 
 
-def _find(verbose: bool) -> Loaded | None:
-    """Try the wheel's library, then the JIT build; set ``_error`` when neither loads."""
+def _find(verbose: bool) -> _Library | None:
+    """Load the wheel's library, else the JIT build's; None (and ``_error`` set) when
+    neither loads. A library that failed to open registered nothing, so the next is tried."""
     global _error
     started = time.perf_counter()
     skipped: list[str] = []
@@ -245,18 +251,21 @@ def _find(verbose: bool) -> Loaded | None:
     if path is not None:
         refusal = _prebuilt_refusal(path)
         if refusal is None:
-            return _open(str(path), "wheel", skipped, started)
+            try:
+                torch.ops.load_library(str(path))
+                return _Library(str(path), "wheel", (), time.perf_counter() - started)
+            except OSError as err:  # e.g. a glibc older than the one it was built against
+                refusal = f"the prebuilt op {path.name} does not load here: {err}"
         skipped.append(refusal)
-    refusal = _jit_refusal()
-    if refusal is not None:
-        _error = "; ".join([*skipped, refusal])
-        return None
-    try:
-        built = _jit_build(verbose)
-    except Exception as err:  # a build failure must not break the reference path
-        _error = "; ".join([*skipped, f"building the op failed:\n{_build_error(err)}"])
-        return None
-    return _open(built, "jit", skipped, started)
+    reason = _jit_refusal()
+    if reason is None:
+        try:
+            built = _jit_build(verbose)
+            return _Library(built, "jit", tuple(skipped), time.perf_counter() - started)
+        except Exception as err:  # a build failure must not break the reference path
+            reason = f"building the op failed:\n{_build_error(err)}"
+    _error = "; ".join([*(skipped or ["no prebuilt op in this install"]), reason])
+    return None
 
 
 def load(verbose: bool = False) -> Loaded | None:
@@ -265,19 +274,23 @@ def load(verbose: bool = False) -> Loaded | None:
     The first failure is logged once at WARNING with its reason; later calls return None.
     Raises ``ValueError`` for a ``POSEMB_CPU_VARIANT`` that is unknown or cannot run here.
     """
-    global _loaded
+    global _loaded, _library
     if _loaded is not None or _error is not None:
         return _loaded
     with _lock:
         if _loaded is not None or _error is not None:
             return _loaded
-        loaded = _find(verbose)
-        if loaded is None:
-            logger.warning("posemb: fused CPU RoPE unavailable (%s); using the reference", _error)
-            return None
-        for hook in _on_load:
-            hook()
-        _loaded = loaded
+        if _library is None:
+            library = _find(verbose)
+            if library is None:
+                logger.warning(
+                    "posemb: fused CPU RoPE unavailable (%s); using the reference", _error
+                )
+                return None
+            for hook in _on_load:
+                hook()
+            _library = library
+        _loaded = _describe(_library)
         return _loaded
 
 
@@ -285,7 +298,7 @@ def on_load(hook: Callable[[], None]) -> None:
     """Run ``hook`` once the op is loaded (now, if it is): the Python halves of the ops
     (fake implementations, autograd) can only be registered on ops that exist."""
     _on_load.append(hook)
-    if _loaded is not None:
+    if _library is not None:
         hook()
 
 
@@ -424,7 +437,9 @@ def rope_apply(
     if load() is None:
         raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
     none = x[:, :0]  # a side with no heads costs nothing
-    torch.ops.posemb._rotate_cpu_into(
-        x, none, out, none, cos, sin, None, None, interleaved, conjugate
-    )
+    if out is x:
+        torch.ops.posemb.rotate_cpu_(x, none, cos, sin, None, None, interleaved, conjugate)
+    else:
+        into = torch.ops.posemb._rotate_cpu_into
+        into(x, none, out, out[:, :0], cos, sin, None, None, interleaved, conjugate)
     return out
