@@ -9,8 +9,9 @@ One module per job, every public name re-exported here (``from posemb import hf`
 - :mod:`posemb.hf.families`: what each model family keeps where (multi-head-latent rope head
   sizes, GPT-NeoX's ``rotary_pct``, Gemma 3's local base, layer kinds, table forms), and the
   model types posemb refuses by name.
-- :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding` and :func:`patch_rotary`, the swap into a
-  ``transformers`` model.
+- :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding`, :func:`patch_rotary` (the swap into a
+  ``transformers`` model; ``fused=True`` also routes its attention's rotation through posemb's
+  op, :mod:`posemb.hf.fused`) and :func:`unpatch_rotary`.
 - :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict or a
   safetensors file.
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
@@ -102,7 +103,7 @@ from .config import (
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
-from .patch import HFRotaryEmbedding, patch_rotary
+from .patch import HFRotaryEmbedding, patch_rotary, unpatch_rotary
 
 __all__ = [
     "DEFAULT_THETA",
@@ -131,6 +132,7 @@ __all__ = [
     "rope_layer_types",
     "rope_spec",
     "rotary_from_config",
+    "unpatch_rotary",
 ]
 
 # The README's name before 0.2, when posemb called scalings "schedules".

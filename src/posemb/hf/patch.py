@@ -136,21 +136,28 @@ def _module(spec: RopeSpec) -> RotaryEmbedding:
     )
 
 
-def patch_rotary(model: nn.Module) -> list[str]:
+def patch_rotary(model: nn.Module, fused: bool = False) -> list[str]:
     """Replace every text ``transformers`` rotary-embedding module in ``model`` with posemb's.
 
-    This is the supported swap: the model's attention code is untouched and receives the same
-    tables, computed by posemb from the model's config. Vision towers' patch RoPE modules
-    (class names containing ``Vision``) are left alone: they take no positions from the config
-    (see :mod:`posemb.mrope` for posemb's version of their tables).
+    This is the supported swap: the model's attention receives the same tables, computed by
+    posemb from the model's config. Vision towers' patch RoPE modules (class names containing
+    ``Vision``) are left alone: they take no positions from the config (see
+    :mod:`posemb.mrope` for posemb's version of their tables).
+
+    With ``fused=True`` each attention module of this model (not of other models of the
+    family) also rotates q and k through posemb's registered op instead of the eager
+    ``apply_rotary_pos_emb`` (see :mod:`posemb.hf.fused`); a family whose rotation posemb does
+    not express is refused with ``ValueError`` naming it, after nothing was changed.
 
     Args:
         model: a ``transformers`` model (e.g. ``LlamaForCausalLM``).
+        fused: also route the rotation through posemb's op.
 
     Returns:
-        The dotted names of the replaced modules.
+        The dotted names of the replaced modules (and, with ``fused``, of the attention
+        modules rebound).
     """
-    replaced = []
+    found = []
     for name, module in list(model.named_modules()):
         cls = type(module).__name__
         if (
@@ -163,16 +170,43 @@ def patch_rotary(model: nn.Module) -> list[str]:
         config = getattr(module, "config", None) or getattr(model, "config", None)
         if config is None:
             raise ValueError(f"{name} ({cls}) has no config to read its RoPE from")
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        # No buffers to move: the tables are built on the device of each call's input.
-        setattr(parent, attr, HFRotaryEmbedding(config))
-        replaced.append(name)
-    if not replaced:
+        found.append((name, module, HFRotaryEmbedding(config)))
+    if not found:
         raise ValueError(
             "no module whose class name ends in 'RotaryEmbedding' was found to replace"
         )
-    return replaced
+    rebound: list[str] = []
+    if fused:
+        from . import fused as _fused
+
+        spec = next(k.spec for k in found[0][2].model.kinds if k.spec is not None)
+        rebound = _fused.patch_fused(model, spec.head_dim, spec.rotary_dim)
+    for name, module, new in found:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        # Kept unregistered (no parameters, not in named_modules) for unpatch_rotary.
+        object.__setattr__(new, "_replaced", module)
+        # No buffers to move: the tables are built on the device of each call's input.
+        setattr(parent, attr, new)
+    return [name for name, _, _ in found] + rebound
 
 
-__all__ = ["HFRotaryEmbedding", "patch_rotary"]
+def unpatch_rotary(model: nn.Module) -> list[str]:
+    """Undo :func:`patch_rotary`: the original rotary modules and attention ``forward``s come
+    back; the dotted names restored."""
+    from . import fused as _fused
+
+    restored = _fused.unpatch_fused(model)
+    for name, module in list(model.named_modules()):
+        original = (
+            getattr(module, "_replaced", None) if isinstance(module, HFRotaryEmbedding) else None
+        )
+        if original is not None:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, attr, original)
+            restored.append(name)
+    return restored
+
+
+__all__ = ["HFRotaryEmbedding", "patch_rotary", "unpatch_rotary"]

@@ -1,0 +1,203 @@
+"""posemb's fused rotation inside ``transformers`` attention: ``patch_rotary(model, fused=True)``.
+
+transformers' attention modules call ``apply_rotary_pos_emb(q, k, cos, sin)`` by its module-global
+name at call time, and the eager function makes several passes with four temporaries
+(``q * cos + rotate_half(q) * sin``). Replacing that global would patch every model of the
+family in the process, and transformers' own hooks (``use_kernel_forward_from_hub``,
+``transformers.monkey_patching``) are process-wide too (and inert without the ``kernels``
+package). So posemb rebinds the ``forward`` of each attention *instance* of one model to a copy
+of its class's function whose globals name posemb's rotation instead; :func:`unpatch_fused`
+deletes those instance attributes, and the class is never touched.
+
+Only families whose rotation posemb expresses are fused, each checked numerically against the
+family's own function when patched (a mismatch refuses, it never runs silently eager or wrong):
+``rotate_half`` on ``cat([c, c])`` tables, partial rotary by the tables' width (Llama, Qwen2,
+Mistral, Gemma 3, OLMo 3, Phi-3, GPT-NeoX and the rest of that form), and Cohere's rotation of
+interleaved pairs on ``repeat_interleave``'d tables.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import kernels
+from ..kernels.layout import Layout
+
+ROTATION = "apply_rotary_pos_emb"
+_MARK = "_posemb_fused"
+
+
+def fused_rotation(layout: Layout) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A drop-in ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` through posemb's op.
+
+    Args:
+        layout: ``Layout.HALF`` for ``rotate_half`` on ``cat([c, c])`` tables,
+            ``Layout.INTERLEAVED`` for pairs (2j, 2j+1) on ``repeat_interleave(c, 2)`` tables.
+
+    Returns:
+        The function: q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` (or ``(B, S, H, D)`` with
+        ``unsqueeze_dim=2``), cos and sin ``(B, S, r)`` with r <= D (partial rotary rotates
+        the first r channels); returns ``(q', k')`` in q's dtype.
+    """
+
+    def apply_rotary_pos_emb(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        position_ids: object = None,
+        unsqueeze_dim: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if unsqueeze_dim == 2:  # (B, S, H, D): rotate (B, H, S, D) views
+            qr, kr = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            return qr.transpose(1, 2), kr.transpose(1, 2)
+        if unsqueeze_dim != 1:
+            raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+        half = cos.shape[-1] // 2
+        c, s = (
+            (cos[..., :half], sin[..., :half])
+            if layout is Layout.HALF
+            else (cos[..., ::2], sin[..., ::2])
+        )
+        return kernels.rotate(q, k, c, s, layout=layout)
+
+    apply_rotary_pos_emb.__doc__ = f"posemb's fused rotation ({layout.value} pairs)."
+    return apply_rotary_pos_emb
+
+
+_shadows: dict[tuple[str, Layout], types.ModuleType] = {}
+
+
+def _shadow(module_name: str, layout: Layout) -> dict[str, Any]:
+    """The globals for rebuilt functions: a copy of the modeling module, registered in
+    ``sys.modules`` under its own name (``torch.compile`` resolves a function's globals by
+    their ``__name__``), in which ``apply_rotary_pos_emb`` is posemb's."""
+    key = (module_name, layout)
+    if key not in _shadows:
+        name = f"posemb.hf._fused.{layout.value}.{module_name}"
+        shadow = types.ModuleType(name)
+        shadow.__dict__.update(sys.modules[module_name].__dict__)
+        shadow.__dict__.update(__name__=name, **{ROTATION: fused_rotation(layout)})
+        sys.modules[name] = shadow
+        _shadows[key] = shadow
+    return _shadows[key].__dict__
+
+
+def _rebuilt(fn: types.FunctionType, scope: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``fn`` with globals ``scope``; decorator layers (``functools.wraps``
+    wrappers, e.g. ``deprecate_kwarg``) are rebuilt around the new inner function."""
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    else:
+        new_inner = _rebuilt(inner, scope)
+        cells = tuple(
+            types.CellType(new_inner) if cell.cell_contents is inner else cell
+            for cell in fn.__closure__ or ()
+        )
+        if not any(c.cell_contents is new_inner for c in cells):
+            raise ValueError(f"cannot rebuild the decorator around {fn.__qualname__}")
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+        new.__wrapped__ = new_inner  # type: ignore[attr-defined]
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__doc__ = fn.__doc__
+    return new
+
+
+def _innermost(fn: Any) -> Any:
+    while getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    return fn
+
+
+def _agrees(original: Callable[..., Any], layout: Layout, head_dim: int, rotary: int) -> bool:
+    """Does posemb's rotation give the family's own function's result on random input?"""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 5, head_dim, generator=g), torch.randn(2, 1, 5, head_dim, generator=g)
+    angles = torch.rand(2, 5, rotary // 2, generator=g, dtype=torch.float64) * 6.0
+    c, s = angles.cos().float(), angles.sin().float()
+    if layout is Layout.HALF:
+        cos, sin = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    else:
+        cos, sin = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    with torch.no_grad():
+        want = original(q, k, cos, sin)
+        got = fused_rotation(layout)(q, k, cos, sin)
+    return all(
+        bool(torch.allclose(a, b, rtol=1e-5, atol=1e-5)) for a, b in zip(got, want, strict=True)
+    )
+
+
+def _layout_of(
+    module_name: str, original: Callable[..., Any], head_dim: int, rotary: int
+) -> Layout:
+    for layout in (Layout.HALF, Layout.INTERLEAVED):
+        if _agrees(original, layout, head_dim, rotary):
+            return layout
+    raise ValueError(
+        f"{module_name}.{ROTATION} is neither rotate_half on cat([cos, cos]) tables nor pairs "
+        f"(2j, 2j+1) on repeated tables; posemb does not fuse it (patch_rotary without "
+        f"fused=True swaps the tables only)"
+    )
+
+
+def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
+    """Rebind each attention module of ``model`` that calls ``apply_rotary_pos_emb`` to posemb's
+    fused rotation; the dotted names of the modules patched. Raises ``ValueError`` naming the
+    family when its rotation is not one posemb expresses, or when no attention calls it."""
+    plan, layouts = [], {}
+    for name, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        if not isinstance(forward, types.FunctionType) or getattr(module, _MARK, False):
+            continue
+        names = _innermost(forward).__code__.co_names
+        if ROTATION not in names:
+            continue
+        others = sorted(n for n in names if n.startswith("apply_rotary") and n != ROTATION)
+        if others:  # e.g. DeepSeek's apply_rotary_pos_emb_interleave: it would stay eager
+            raise ValueError(
+                f"{type(module).__name__} may rotate through {', '.join(others)} as well as "
+                f"{ROTATION}; posemb does not fuse it (patch_rotary without fused=True swaps "
+                f"the tables only)"
+            )
+        modeling = sys.modules.get(type(module).__module__)
+        original = getattr(modeling, ROTATION, None)
+        if original is None:
+            continue
+        key = type(module).__module__
+        if key not in layouts:
+            layouts[key] = _layout_of(key, original, head_dim, rotary_dim)
+        plan.append((name, module, _rebuilt(forward, _shadow(key, layouts[key]))))
+    if not plan:
+        raise ValueError(
+            f"no module of this {type(model).__name__} calls {ROTATION}: its family rotates in "
+            f"another form (complex tables, Llama 4; the rope part alone, DeepSeek), which "
+            f"patch_rotary(fused=True) does not fuse"
+        )
+    # Only now, with every module checked, is anything changed.
+    for _, module, rebuilt in plan:
+        module.forward = types.MethodType(rebuilt, module)
+        setattr(module, _MARK, True)
+    return [name for name, _, _ in plan]
+
+
+def unpatch_fused(model: nn.Module) -> list[str]:
+    """Give every attention module that :func:`patch_fused` rebound its class's ``forward``
+    back; the dotted names of the modules restored."""
+    restored = []
+    for name, module in model.named_modules():
+        if getattr(module, _MARK, False):
+            del module.forward
+            delattr(module, _MARK)
+            restored.append(name)
+    return restored
+
+
+__all__ = ["fused_rotation", "patch_fused", "unpatch_fused"]

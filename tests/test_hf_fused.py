@@ -1,0 +1,159 @@
+"""patch_rotary(model, fused=True): the rotation of a real transformers model runs through
+posemb's op, once per attention layer, with the unpatched model's logits and gradients; the
+family's eager rotate_half no longer runs; families posemb cannot fuse are refused by name with
+nothing changed; unpatch_rotary restores the model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from posemb import hf
+from test_hf_patch_models import CASES, _tiny
+
+transformers = pytest.importorskip("transformers")
+
+FUSED = {
+    "llama__llama-3.1-8b-instruct.json": {"num_hidden_layers": 2},
+    "qwen2__qwen2.5-7b-instruct.json": {"num_hidden_layers": 2},
+    "mistral3__devstral-small-2-24b-instruct.json": CASES[
+        "mistral3__devstral-small-2-24b-instruct.json"
+    ],
+    "gemma3__gemma-3-4b-it.json": CASES["gemma3__gemma-3-4b-it.json"],
+    "phi3__phi-4.json": {"num_hidden_layers": 2},
+    "gpt_neox__dolly-v2-3b.json": {"num_hidden_layers": 2},  # rotary_pct 0.25: partial
+    "olmo3__olmo-3.1-32b-instruct.json": CASES["olmo3__olmo-3.1-32b-instruct.json"],
+    "cohere__c4ai-command-r-v01.json": {"num_hidden_layers": 2},  # interleaved pairs
+}
+REFUSED = {
+    "deepseek_v3__deepseek-v3.json": "apply_rotary_pos_emb_interleave",
+    "llama4__llama-4-scout-17b-16e-instruct.json": "complex tables, Llama 4",
+}
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+def _logits_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    logits = model(ids).logits
+    logits.float().square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
+def _attention_layers(model) -> int:
+    return sum(1 for m in model.modules() if getattr(m, "_posemb_fused", False))
+
+
+@pytest.mark.parametrize("name", sorted(FUSED), ids=[n.split("__")[0] for n in sorted(FUSED)])
+def test_fused_model_matches_the_eager_model(name, monkeypatch):
+    model = _tiny(name, FUSED[name])
+    ids = _ids()
+    want, want_grads = _logits_and_grads(model, ids)
+    names = hf.patch_rotary(model, fused=True)
+    layers = _attention_layers(model)
+    assert layers == model.config.num_hidden_layers and len(names) > layers
+    # The family's eager rotation must not run: make it fail if anything calls it.
+    modeling = sys.modules[type(model).__module__]
+
+    def no_eager(*args, **kwargs):
+        raise AssertionError("the eager rotate_half ran")
+
+    monkeypatch.setattr(modeling, "rotate_half", no_eager)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got, grads = _logits_and_grads(model, ids)
+    calls = [e.name for e in prof.events() if e.name.startswith("posemb::")]
+    # Forward: one op call per layer (q and k together); backward: one per layer.
+    assert calls.count("posemb::rotate_cpu") == 2 * layers, calls
+    assert float((got - want).abs().max()) <= 1e-5
+    assert grads.keys() == want_grads.keys()
+    for key, g in grads.items():
+        assert float((g - want_grads[key]).abs().max()) <= 1e-5, key
+    monkeypatch.undo()
+    restored = hf.unpatch_rotary(model)
+    assert set(restored) == set(names)
+    assert _attention_layers(model) == 0
+    assert not any(isinstance(m, hf.HFRotaryEmbedding) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED), ids=[n.split("__")[0] for n in sorted(REFUSED)])
+def test_a_family_posemb_cannot_fuse_is_refused_and_left_unchanged(name):
+    model = _tiny(name, CASES[name])
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            hf.patch_rotary(model, fused=True)
+        assert _attention_layers(model) == 0
+        assert not any(isinstance(m, hf.HFRotaryEmbedding) for m in model.modules())
+        assert torch.equal(model(ids).logits, want)
+
+
+def test_fusing_one_model_leaves_another_of_its_family_eager():
+    name = "llama__llama-3.1-8b-instruct.json"
+    fused, eager = _tiny(name, FUSED[name]), _tiny(name, FUSED[name])
+    hf.patch_rotary(fused, fused=True)
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=cpu) as prof, torch.no_grad():
+        eager(_ids())
+    assert not [e for e in prof.events() if e.name.startswith("posemb::")]
+    with torch.profiler.profile(activities=cpu) as prof, torch.no_grad():
+        fused(_ids())
+    assert [e for e in prof.events() if e.name.startswith("posemb::")]
+
+
+def test_fused_llama_generates_the_same_tokens_with_a_kv_cache():
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    prompt = _ids()[:1, :8]
+    args = {"max_new_tokens": 20, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(prompt, **args)
+        hf.patch_rotary(model, fused=True)
+        got = model.generate(prompt, **args)
+    assert torch.equal(got, want) and got.shape[1] == 28
+
+
+def test_fused_llama_compiles_with_fullgraph():
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+        hf.patch_rotary(model, fused=True)
+        compiled = torch.compile(model, fullgraph=True)
+        compiled(ids)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = compiled(ids).logits
+    assert float((got - want).abs().max()) <= 1e-5
+    in_graph = [
+        e
+        for e in prof.events()
+        if e.name == "posemb::rotate_cpu"
+        and e.cpu_parent is not None
+        and e.cpu_parent.name.startswith("## Call CompiledFxGraph")
+    ]
+    assert in_graph  # the op runs inside the compiled graph, not beside it
+
+
+def test_fused_bf16_model_is_within_the_bf16_tolerance():
+    """In bfloat16 transformers rounds each product of q * cos + rotate_half(q) * sin; posemb
+    rounds once. Per rotation that differs by about one bfloat16 rounding: the logits are
+    compared with the table's bfloat16 tolerance, scaled by their size."""
+    from tolerances import TOL
+
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name]).to(torch.bfloat16)
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        hf.patch_rotary(model, fused=True)
+        got = model(ids).logits.float()
+    scale = float(want.abs().max())
+    assert float((got - want).abs().max()) <= TOL[torch.bfloat16]["rtol"] * scale
