@@ -9,15 +9,19 @@ package). So posemb rebinds the ``forward`` of each attention *instance* of one 
 of its class's function whose globals name posemb's rotation instead; :func:`unpatch_fused`
 deletes those instance attributes, and the class is never touched.
 
-Only families whose rotation posemb expresses are fused, each checked numerically against the
-family's own function when patched (a mismatch refuses, it never runs silently eager or wrong):
-``rotate_half`` on ``cat([c, c])`` tables, partial rotary by the tables' width (Llama, Qwen2,
-Mistral, Gemma 3, OLMo 3, Phi-3, GPT-NeoX and the rest of that form), and Cohere's rotation of
-interleaved pairs on ``repeat_interleave``'d tables.
+Only families whose rotation posemb expresses are fused (:data:`FORMS`), each checked
+numerically against the family's own function when patched (a mismatch refuses, it never runs
+silently eager or wrong): ``rotate_half`` on ``cat([c, c])`` tables, partial rotary by the
+tables' width (Llama, Qwen2, Mistral, Gemma 3, OLMo 3, Phi-3, GPT-NeoX and the rest of that
+form), Cohere's rotation of interleaved pairs on ``repeat_interleave``'d tables, and Llama 4's
+complex ``freqs_cis`` on interleaved pairs of (batch, seq, heads, head_dim) tensors. An
+attention that may call a second rotation (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``)
+is refused: one of the two would stay eager.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from collections.abc import Callable
@@ -71,22 +75,96 @@ def fused_rotation(layout: Layout) -> Callable[..., tuple[torch.Tensor, torch.Te
     return apply_rotary_pos_emb
 
 
-_shadows: dict[tuple[str, Layout], types.ModuleType] = {}
+_shadows: dict[tuple[str, int], types.ModuleType] = {}
 
 
-def _shadow(module_name: str, layout: Layout) -> dict[str, Any]:
+def _shadow(module_name: str, form: _Form) -> dict[str, Any]:
     """The globals for rebuilt functions: a copy of the modeling module, registered in
     ``sys.modules`` under its own name (``torch.compile`` resolves a function's globals by
-    their ``__name__``), in which ``apply_rotary_pos_emb`` is posemb's."""
-    key = (module_name, layout)
+    their ``__name__``), in which the form's rotation is posemb's."""
+    key = (module_name, FORMS.index(form))
     if key not in _shadows:
-        name = f"posemb.hf._fused.{layout.value}.{module_name}"
+        name = f"posemb.hf._fused.form{key[1]}.{module_name}"
         shadow = types.ModuleType(name)
         shadow.__dict__.update(sys.modules[module_name].__dict__)
-        shadow.__dict__.update(__name__=name, **{ROTATION: fused_rotation(layout)})
+        shadow.__dict__.update({"__name__": name, form.name: form.replacement})
         sys.modules[name] = shadow
         _shadows[key] = shadow
     return _shadows[key].__dict__
+
+
+def fused_complex_rotation() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A drop-in ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4) through posemb's op.
+
+    Returns:
+        The function: xq ``(B, S, Hq, D)`` and xk ``(B, S, Hk, D)`` with pairs (2j, 2j+1),
+        freqs_cis complex ``(B, S, D/2)`` (its modulus, the attention factor, scales both);
+        returns the rotated ``(xq', xk')`` in their dtypes.
+    """
+
+    def apply_rotary_emb(
+        xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c, s = freqs_cis.real.float(), freqs_cis.imag.float()
+        qr, kr = kernels.rotate(
+            xq.transpose(1, 2), xk.transpose(1, 2), c, s, layout=Layout.INTERLEAVED
+        )
+        return qr.transpose(1, 2), kr.transpose(1, 2)
+
+    return apply_rotary_emb
+
+
+@dataclasses.dataclass(frozen=True)
+class _Form:
+    """One rotation form posemb fuses: the module-global name the attention calls, posemb's
+    replacement, and a probe input in that form (q, k and the tables, head_dim and rotary)."""
+
+    name: str
+    label: str
+    replacement: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    probe: Callable[[int, int], tuple[torch.Tensor, ...]]
+
+
+def _probe_angles(rotary: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    angles = torch.rand(2, 5, rotary // 2, generator=g, dtype=torch.float64) * 6.0
+    return angles.cos().float(), angles.sin().float()
+
+
+def _probe_qk(head_dim: int, bshd: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 3, 5, head_dim, generator=g), torch.randn(2, 1, 5, head_dim, generator=g)
+    return (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()) if bshd else (q, k)
+
+
+def _probe_half(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+    c, s = _probe_angles(rotary)
+    return (*_probe_qk(head_dim), torch.cat((c, c), -1), torch.cat((s, s), -1))
+
+
+def _probe_interleaved(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+    c, s = _probe_angles(rotary)
+    return (*_probe_qk(head_dim), c.repeat_interleave(2, -1), s.repeat_interleave(2, -1))
+
+
+def _probe_complex(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+    c, s = _probe_angles(rotary)
+    return (*_probe_qk(head_dim, bshd=True), torch.complex(c, s) * 0.9)
+
+
+FORMS = (
+    _Form(ROTATION, "rotate_half on cat([cos, cos])", fused_rotation(Layout.HALF), _probe_half),
+    _Form(
+        ROTATION,
+        "pairs (2j, 2j+1) on repeated tables",
+        fused_rotation(Layout.INTERLEAVED),
+        _probe_interleaved,
+    ),
+    _Form(
+        "apply_rotary_emb", "complex freqs_cis on pairs", fused_complex_rotation(), _probe_complex
+    ),
+)
+NAMES = tuple(dict.fromkeys(f.name for f in FORMS))
 
 
 def _rebuilt(fn: types.FunctionType, scope: dict[str, Any]) -> types.FunctionType:
@@ -117,34 +195,26 @@ def _innermost(fn: Any) -> Any:
     return fn
 
 
-def _agrees(original: Callable[..., Any], layout: Layout, head_dim: int, rotary: int) -> bool:
-    """Does posemb's rotation give the family's own function's result on random input?"""
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 3, 5, head_dim, generator=g), torch.randn(2, 1, 5, head_dim, generator=g)
-    angles = torch.rand(2, 5, rotary // 2, generator=g, dtype=torch.float64) * 6.0
-    c, s = angles.cos().float(), angles.sin().float()
-    if layout is Layout.HALF:
-        cos, sin = torch.cat((c, c), -1), torch.cat((s, s), -1)
-    else:
-        cos, sin = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+def _agrees(original: Callable[..., Any], form: _Form, head_dim: int, rotary: int) -> bool:
+    """Does posemb's rotation give the family's own function's result on a probe input?"""
+    args = form.probe(head_dim, rotary)
     with torch.no_grad():
-        want = original(q, k, cos, sin)
-        got = fused_rotation(layout)(q, k, cos, sin)
+        want = original(*args)
+        got = form.replacement(*args)
     return all(
         bool(torch.allclose(a, b, rtol=1e-5, atol=1e-5)) for a, b in zip(got, want, strict=True)
     )
 
 
-def _layout_of(
-    module_name: str, original: Callable[..., Any], head_dim: int, rotary: int
-) -> Layout:
-    for layout in (Layout.HALF, Layout.INTERLEAVED):
-        if _agrees(original, layout, head_dim, rotary):
-            return layout
+def _form_of(modeling: str, name: str, head_dim: int, rotary: int) -> _Form:
+    original = getattr(sys.modules[modeling], name)
+    for form in FORMS:
+        if form.name == name and _agrees(original, form, head_dim, rotary):
+            return form
+    labels = "; ".join(f.label for f in FORMS if f.name == name)
     raise ValueError(
-        f"{module_name}.{ROTATION} is neither rotate_half on cat([cos, cos]) tables nor pairs "
-        f"(2j, 2j+1) on repeated tables; posemb does not fuse it (patch_rotary without "
-        f"fused=True swaps the tables only)"
+        f"{modeling}.{name} is none of the forms posemb fuses ({labels}); posemb does not fuse "
+        f"it (patch_rotary without fused=True swaps the tables only)"
     )
 
 
@@ -152,34 +222,36 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
     """Rebind each attention module of ``model`` that calls ``apply_rotary_pos_emb`` to posemb's
     fused rotation; the dotted names of the modules patched. Raises ``ValueError`` naming the
     family when its rotation is not one posemb expresses, or when no attention calls it."""
-    plan, layouts = [], {}
+    plan, forms = [], {}
     for name, module in model.named_modules():
         forward = getattr(type(module), "forward", None)
         if not isinstance(forward, types.FunctionType) or getattr(module, _MARK, False):
             continue
-        names = _innermost(forward).__code__.co_names
-        if ROTATION not in names:
+        modeling = type(module).__module__
+        called = _innermost(forward).__code__.co_names
+        rotations = [n for n in called if n.startswith("apply_rotary")]
+        fusable = [n for n in rotations if n in NAMES and hasattr(sys.modules.get(modeling), n)]
+        if not fusable:
+            if rotations:  # e.g. DeepSeek's apply_rotary_pos_emb_interleave
+                raise ValueError(
+                    f"{type(module).__name__} rotates through {', '.join(rotations)}, which "
+                    f"posemb does not fuse (patch_rotary without fused=True swaps the tables only)"
+                )
             continue
-        others = sorted(n for n in names if n.startswith("apply_rotary") and n != ROTATION)
-        if others:  # e.g. DeepSeek's apply_rotary_pos_emb_interleave: it would stay eager
+        if len(rotations) > 1:  # one would stay eager while the model claimed to be fused
             raise ValueError(
-                f"{type(module).__name__} may rotate through {', '.join(others)} as well as "
-                f"{ROTATION}; posemb does not fuse it (patch_rotary without fused=True swaps "
-                f"the tables only)"
+                f"{type(module).__name__} may rotate through {', '.join(sorted(rotations))}; "
+                f"posemb fuses one rotation per attention (patch_rotary without fused=True "
+                f"swaps the tables only)"
             )
-        modeling = sys.modules.get(type(module).__module__)
-        original = getattr(modeling, ROTATION, None)
-        if original is None:
-            continue
-        key = type(module).__module__
-        if key not in layouts:
-            layouts[key] = _layout_of(key, original, head_dim, rotary_dim)
-        plan.append((name, module, _rebuilt(forward, _shadow(key, layouts[key]))))
+        key = (modeling, fusable[0])
+        if key not in forms:
+            forms[key] = _form_of(modeling, fusable[0], head_dim, rotary_dim)
+        plan.append((name, module, _rebuilt(forward, _shadow(modeling, forms[key]))))
     if not plan:
         raise ValueError(
-            f"no module of this {type(model).__name__} calls {ROTATION}: its family rotates in "
-            f"another form (complex tables, Llama 4; the rope part alone, DeepSeek), which "
-            f"patch_rotary(fused=True) does not fuse"
+            f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
+            f"({', '.join(NAMES)})"
         )
     # Only now, with every module checked, is anything changed.
     for _, module, rebuilt in plan:
@@ -200,4 +272,4 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     return restored
 
 
-__all__ = ["fused_rotation", "patch_fused", "unpatch_fused"]
+__all__ = ["FORMS", "fused_complex_rotation", "fused_rotation", "patch_fused", "unpatch_fused"]
