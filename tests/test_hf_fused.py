@@ -166,3 +166,23 @@ def test_fused_bf16_model_is_within_the_bf16_tolerance():
         got = model(ids).logits.float()
     scale = float(want.abs().max())
     assert float((got - want).abs().max()) <= TOL[torch.bfloat16]["rtol"] * scale
+
+
+def test_fused_qwen2_vl_with_an_image_uses_its_3d_positions():
+    """The text attention of Qwen2-VL rotates through posemb's op with the M-RoPE tables of
+    an image's 3D positions; the vision tower's own patch RoPE is left as it is."""
+    from test_hf_patch_models import _qwen2_vl_with_an_image
+
+    model, inputs = _qwen2_vl_with_an_image()
+    model = model.float()  # its published dtype is float16: compare in float32
+    inputs["pixel_values"] = inputs["pixel_values"].float()
+    with torch.no_grad():
+        want = model(**inputs).logits
+        names = hf.patch_rotary(model, fused=True)
+        assert names[0] == "model.language_model.rotary_emb"
+        assert all("visual" not in n for n in names)
+        assert _attention_layers(model) == model.config.text_config.num_hidden_layers
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = model(**inputs).logits
+    assert float((got - want).abs().max()) <= 1e-5
+    assert [e for e in prof.events() if e.name == "posemb::_rotate_cpu_into"]

@@ -157,9 +157,8 @@ def test_patched_longrope_model_past_its_original_length():
             assert float((fresh(ids).logits - want).abs().max()) <= 1e-5, length
 
 
-def test_patched_qwen2_vl_with_an_image():
-    """Qwen2-VL's published M-RoPE ([16, 24, 24], legacy "mrope" spelling) with one image: the
-    text model gets (3, batch, seq) positions from get_rope_index and posemb's tables for them."""
+def _qwen2_vl_with_an_image() -> tuple[torch.nn.Module, dict]:
+    """A tiny Qwen2-VL from its published config, and inputs with one image of 4 x 6 patches."""
     d = json.loads((DATA / "qwen2_vl__qwen2-vl-2b-instruct-awq.json").read_text())
     for key in ("quantization_config", "model_type"):
         d.pop(key)
@@ -183,6 +182,13 @@ def test_patched_qwen2_vl_with_an_image():
         "image_grid_thw": grid,
         "mm_token_type_ids": (ids == cfg.image_token_id).long(),
     }
+    return model, inputs
+
+
+def test_patched_qwen2_vl_with_an_image():
+    """Qwen2-VL's published M-RoPE ([16, 24, 24], legacy "mrope" spelling) with one image: the
+    text model gets (3, batch, seq) positions from get_rope_index and posemb's tables for them."""
+    model, inputs = _qwen2_vl_with_an_image()
     with torch.no_grad():
         want = model(**inputs).logits
         assert model.model.rope_deltas.item() == -3  # the image's tokens share positions

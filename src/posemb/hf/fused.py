@@ -232,7 +232,8 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         rotations = [n for n in called if n.startswith("apply_rotary")]
         fusable = [n for n in rotations if n in NAMES and hasattr(sys.modules.get(modeling), n)]
         if not fusable:
-            if rotations:  # e.g. DeepSeek's apply_rotary_pos_emb_interleave
+            # Vision towers' patch RoPE is left alone, as patch_rotary leaves their tables.
+            if rotations and "Vision" not in type(module).__name__:
                 raise ValueError(
                     f"{type(module).__name__} rotates through {', '.join(rotations)}, which "
                     f"posemb does not fuse (patch_rotary without fused=True swaps the tables only)"
