@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check for posemb's Triton RoPE kernel: tests against the reference, then the benchmark.
+# GPU check for posemb's Triton RoPE kernel: tests against the reference, then the benchmarks
+# (the kernel alone, and inside a transformers Llama).
 # Meant for the lent H200 (no network there; its image has torch, triton, transformers,
 # pytest, hypothesis, safetensors). Finishes in well under 5 minutes.
 #
@@ -27,9 +28,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 # 1. Correctness on the GPU: every kernel test runs its CUDA variant when a GPU is present,
 # opcheck runs all of its checks on the Triton ops (fake tensors included, which the CPU
 # interpreter cannot), and the Llama block compiles and exports with the Triton backend.
-timeout 170 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
+timeout 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
     tests/test_compile.py 2>&1 | tee "$OUT/tests.txt"
 
 # 2. Speed: all shapes, fp32 and bf16, forward/backward/both, against a device copy.
-timeout 150 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 \
+timeout 100 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 \
     | tee "$OUT/bench-gpu.txt"
+
+# 3. End to end: a transformers Llama decoder layer and a 4-layer model, eager against
+# patch_rotary, patch_rotary(fused=True) (the Triton op) and Liger's rotation, in bf16 as
+# GPUs train, forward and forward+backward, with the rotation's share of each step.
+timeout 60 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$OUT/bench-hf-gpu.csv" \
+    2>&1 | tee "$OUT/bench-hf-gpu.txt"

@@ -388,3 +388,85 @@ def test_rope_apply_still_rotates_into_out_and_in_place():
     assert cpu.rope_apply(x, cos, sin, x, False) is x
     assert_close(x, want, torch.float32)
     assert posemb.__version__  # the package imported is the one under test
+
+
+def test_rotating_only_q_scatters_no_gradient_back_through_the_empty_k():
+    x = torch.randn(2, 4, 64, 32, requires_grad=True)
+    cos, sin = tables(torch.arange(64)[None], 32, "cpu")
+    grad = torch.randn_like(x)
+    with torch.profiler.profile() as prof:
+        kernels.rotate(x, x[:, :0], cos, sin, backend="cpu")[0].backward(grad)
+    names = {e.name for e in prof.events()}
+    assert "aten::slice_backward" not in names  # a zero gradient of x's size, then an add
+    want = reference.rotate(grad, cos, sin, Layout.HALF, conjugate=True)
+    assert_close(x.grad, want, torch.float32)
+
+
+def test_a_gradient_shared_with_another_consumer_is_left_intact():
+    # Autograd hands one gradient tensor to both inputs of an add: a backward that rotated
+    # it in place would corrupt w.grad.
+    x = torch.randn(2, 4, 64, 32, requires_grad=True)
+    w = torch.zeros(2, 4, 64, 32, requires_grad=True)
+    cos, sin = tables(torch.arange(64)[None], 32, "cpu")
+    y, _ = kernels.rotate(x, x[:, :0], cos, sin, backend="cpu")
+    (y + w).sum().backward()
+    assert torch.equal(w.grad, torch.ones_like(w))
+
+
+def _anon_huge_kb(t: torch.Tensor) -> int:
+    """AnonHugePages (kB) of the mappings that hold ``t``'s memory in this process (the advice
+    splits the mapping: its first, unaligned pages are a mapping of their own)."""
+    start = t.data_ptr()
+    stop = start + t.numel() * t.element_size()
+    huge, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo < stop and start < hi
+            elif inside and head == "AnonHugePages:":
+                huge += int(line.split()[1])
+    return huge
+
+
+def _thp_mode() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text.split("[")[1].split("]")[0]
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="no transparent huge pages")
+def test_large_outputs_are_backed_by_huge_pages():
+    # 32 MB outputs: without the advice, under THP "madvise", they fault in 4 KB pages.
+    q = torch.randn(1, 8, 1024, 1024)
+    cos, sin = tables(torch.arange(1024)[None], 1024, "cpu")
+    qg = q.clone().requires_grad_()  # the autograd op allocates its outputs in C++
+    got_q, _ = kernels.rotate(qg, qg[:, :0], cos, sin, backend="cpu")
+    assert _anon_huge_kb(got_q) >= 16 * 1024
+    assert_close(got_q.detach(), reference.rotate(q, cos, sin, Layout.HALF), torch.float32)
+    with torch.no_grad():  # the eager path allocates in Python and passes the outputs in
+        got_q, _ = kernels.rotate(q, q[:, :0], cos, sin, backend="cpu")
+    assert _anon_huge_kb(got_q) >= 16 * 1024
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="only THP 'madvise' shows the advice")
+def test_posemb_hugepages_0_turns_the_advice_off():
+    code = (
+        "import torch, test_kernels_cpu as t\n"
+        "from posemb import kernels\n"
+        "q = torch.randn(1, 8, 1024, 1024)\n"
+        "cos, sin = t.tables(torch.arange(1024)[None], 1024, 'cpu')\n"
+        "out, _ = kernels.rotate(q, q[:, :0], cos, sin, backend='cpu')\n"
+        "print(t._anon_huge_kb(out))\n"
+    )
+    env = {**os.environ, "POSEMB_HUGEPAGES": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == 0

@@ -130,18 +130,31 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import hf as hf_bench
     from .bench import kernels as bench
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    rows, one_off = bench.run(
-        device=args.device,
-        quick=args.quick,
-        repeats=args.repeats,
-        shapes=args.shapes,
-        progress=None if args.json else progress,
-    )
+    one_off: dict[str, float] = {}
+    if args.hf:
+        if args.shapes:
+            raise ValueError("--shapes names kernel shapes; --hf times a fixed Llama setup")
+        rows: list = hf_bench.run(
+            device=args.device,
+            quick=args.quick,
+            repeats=args.repeats,
+            dtype=args.dtype,
+            progress=None if args.json else progress,
+        )
+    else:
+        rows, one_off = bench.run(
+            device=args.device,
+            quick=args.quick,
+            repeats=args.repeats,
+            shapes=args.shapes,
+            progress=None if args.json else progress,
+        )
     if args.out:
         bench.write_csv(rows, args.out)
     if args.json:
@@ -149,7 +162,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         print(json.dumps({"one_off": one_off, "rows": [asdict(r) for r in rows]}, indent=2))
     else:
-        print(bench.summary(rows, one_off))
+        print(hf_bench.summary(rows) if args.hf else bench.summary(rows, one_off))
         if args.out:
             print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -368,6 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_positive, help="timed repetitions per measurement")
     bench.add_argument(
         "--shapes", nargs="+", choices=("prefill", "decode", "long"), help="a subset of shapes"
+    )
+    bench.add_argument(
+        "--hf",
+        action="store_true",
+        help="instead: a transformers Llama decoder layer and a 4-layer model, eager against "
+        "patch_rotary and patch_rotary(fused=True) (and Liger on CUDA), forward and "
+        "forward+backward, with the rotation's share of each step",
+    )
+    bench.add_argument(
+        "--dtype", default="fp32", choices=("fp32", "bf16"), help="--hf only: the model's dtype"
     )
     bench.add_argument("--out", help="write a long-format CSV here (atomically)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of the table")

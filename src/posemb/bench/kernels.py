@@ -6,9 +6,13 @@ in-place rotation) and ``torch.empty_like(x).copy_(x)`` (a fresh output, the flo
 out-of-place one). Ratios against them, and against ``transformers``' eager
 ``apply_rotary_pos_emb``, are what to quote: the machines are shared and noisy, absolute times
 only hold for the machine they came from. GB/s counts the minimum traffic: one read and one
-write of x per pass (forward or backward).
+write of q and k per pass (forward or backward).
 
-Only one tensor is rotated (shaped like q), so every method moves the same bytes.
+Every method rotates a q and a k of the shape named (no GQA, so every method moves the same
+bytes), as an attention layer calls it. A fresh output's pages cost about as much as the
+rotation on Linux (4 KB faults, each zeroed); posemb's CPU op asks for huge pages for its
+outputs (``POSEMB_HUGEPAGES=0`` turns that off), so its out-of-place ratio against
+``empty_like.copy_`` (which gets none) can fall below 1.
 """
 
 from __future__ import annotations
@@ -131,39 +135,47 @@ def _version(name: str) -> str | None:
         return None
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
 def _methods(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, device: torch.device
-) -> dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
-    """name -> (kind, f) where kind is 'inplace', 'outofplace' or 'reference'."""
-    k0 = x[:, :0]  # zero kv heads: every method rotates exactly x
+) -> dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], Pair]]]:
+    """name -> (kind, f(q, k) -> (q_out, k_out)), kind 'inplace', 'outofplace' or 'reference'.
+    ``x`` is only used to pick posemb's backend and to probe third-party calls."""
     fused = kernels.resolve_backend("auto", x)
-    methods: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    methods: dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], Pair]]] = {
         f"posemb {fused} in-place": (
             "inplace",
-            lambda t: kernels.rotate(t, k0, cos, sin, backend=fused, inplace=True)[0],
+            lambda q, k: kernels.rotate(q, k, cos, sin, backend=fused, inplace=True),
         ),
         f"posemb {fused}": (
             "outofplace",
-            lambda t: kernels.rotate(t, t[:, :0], cos, sin, backend=fused)[0],
+            lambda q, k: kernels.rotate(q, k, cos, sin, backend=fused),
         ),
-        "posemb reference": ("outofplace", lambda t: apply_rope(t, cos, sin)),
+        "posemb reference": (
+            "outofplace",
+            lambda q, k: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
+        ),
         # The peer a torch.compile user would write: Inductor fusing the plain reference.
         # Its compile time lands in first_call_ms.
         "torch.compile reference": (
             "outofplace",
-            torch.compile(lambda t: apply_rope(t, cos, sin), dynamic=False),
+            torch.compile(
+                lambda q, k: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)), dynamic=False
+            ),
         ),
     }
     full_cos, full_sin = (
-        torch.cat((cos, cos), -1).to(x.dtype),
-        torch.cat((sin, sin), -1).to(x.dtype),
+        torch.cat((cos, cos), -1).to(x.dtype)[None],
+        torch.cat((sin, sin), -1).to(x.dtype)[None],
     )
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         methods["transformers eager"] = (
             "outofplace",
-            lambda t: apply_rotary_pos_emb(t, t[:, :0], full_cos[None], full_sin[None])[0],
+            lambda q, k: apply_rotary_pos_emb(q, k, full_cos, full_sin),
         )
     except ImportError:
         pass
@@ -171,37 +183,14 @@ def _methods(
         from rotary_embedding_torch import apply_rotary_emb
 
         angles = torch.atan2(sin, cos).repeat_interleave(2, -1)  # interleaved angle per channel
-
-        def ret(t: torch.Tensor) -> torch.Tensor:
-            return apply_rotary_emb(angles, t)
-
-        methods["rotary-embedding-torch"] = ("outofplace", ret)
+        methods["rotary-embedding-torch"] = (
+            "outofplace",
+            lambda q, k: (apply_rotary_emb(angles, q), apply_rotary_emb(angles, k)),
+        )
     except ImportError:
         pass
     if device.type == "cuda":
-        try:
-            from liger_kernel.ops.rope import LigerRopeFunction
-
-            methods["liger-kernel"] = (
-                "outofplace",
-                lambda t: LigerRopeFunction.apply(
-                    t, t[:, :1].contiguous(), full_cos[None], full_sin[None]
-                )[0],
-            )
-        except ImportError:
-            pass
-        try:
-            from flash_attn.layers.rotary import apply_rotary_emb as fa_rotary
-
-            def fa(t: torch.Tensor) -> torch.Tensor:
-                # flash-attn wants (batch, seq, heads, dim)
-                return fa_rotary(t.transpose(1, 2), cos.to(t.dtype), sin.to(t.dtype)).transpose(
-                    1, 2
-                )
-
-            methods["flash-attn"] = ("outofplace", fa)
-        except ImportError:
-            pass
+        methods.update(_gpu_peers(cos, sin, full_cos, full_sin))
     # A library whose call fails on a small slice (an API change, a missing GPU feature) is
     # left out of this run rather than aborting it.
     probe = x[:1, :1]
@@ -212,11 +201,38 @@ def _methods(
             continue
         try:
             with torch.no_grad():
-                fn(probe.clone())
+                fn(probe.clone(), probe.clone())
             usable[name] = (kind, fn)
         except Exception as err:  # third-party code: report and go on
             logger.warning("posemb bench: leaving out %s: %s: %s", name, type(err).__name__, err)
     return usable
+
+
+def _gpu_peers(
+    cos: torch.Tensor, sin: torch.Tensor, full_cos: torch.Tensor, full_sin: torch.Tensor
+) -> dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], Pair]]]:
+    """The CUDA-only peers that are installed: Liger-Kernel's and flash-attn's rotations."""
+    peers: dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], Pair]]] = {}
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        peers["liger-kernel"] = (
+            "outofplace",
+            lambda q, k: LigerRopeFunction.apply(q, k, full_cos, full_sin),
+        )
+    except ImportError:
+        pass
+    try:
+        from flash_attn.layers.rotary import apply_rotary_emb as fa_rotary
+
+        def fa(t: torch.Tensor) -> torch.Tensor:
+            # flash-attn wants (batch, seq, heads, dim)
+            return fa_rotary(t.transpose(1, 2), cos.to(t.dtype), sin.to(t.dtype)).transpose(1, 2)
+
+        peers["flash-attn"] = ("outofplace", lambda q, k: (fa(q), fa(k)))
+    except ImportError:
+        pass
+    return peers
 
 
 def run(
@@ -367,10 +383,11 @@ def _measure(
     progress: Callable[[str], None] | None,
 ) -> list[Row]:
     """Every method on one shape and dtype: forward, and forward+backward where it applies."""
-    x = torch.randn(shape, device=dev, dtype=DTYPES[dtype_name])
+    q = torch.randn(shape, device=dev, dtype=DTYPES[dtype_name])
+    k = torch.randn(shape, device=dev, dtype=DTYPES[dtype_name])
     rope = RotaryEmbedding(shape[-1], backend="reference")
     cos, sin = rope.cos_sin(torch.arange(shape[2], device=dev), device=dev)
-    nbytes = x.numel() * x.element_size()
+    nbytes = 2 * q.numel() * q.element_size()  # q and k
     rows: list[Row] = []
     forward_ms: dict[str, float] = {}
 
@@ -408,30 +425,30 @@ def _measure(
         if progress:
             progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {med:9.3f} ms")
 
-    # Bandwidth references, forward only.
+    # Bandwidth references, forward only: q and k each read and written once.
     def mul() -> object:
-        return x.mul_(1.0)
+        return q.mul_(1.0), k.mul_(1.0)
 
     def copy() -> object:
-        return torch.empty_like(x).copy_(x)
+        return torch.empty_like(q).copy_(q), torch.empty_like(k).copy_(k)
 
     first, times = _time(mul, dev, reps)
     record("forward", "bandwidth: x.mul_(1.0)", first, times, 2 * nbytes)
     first, times = _time(copy, dev, reps)
     record("forward", "bandwidth: empty_like.copy_", first, times, 2 * nbytes)
-    grad = torch.randn_like(x)
-    for method, (kind, fn) in _methods(x, cos, sin, dev).items():
+    grads = (torch.randn_like(q), torch.randn_like(k))
+    for method, (kind, fn) in _methods(q, cos, sin, dev).items():
         with torch.no_grad():
             ref = mul if kind == "inplace" else copy
-            first, times, ratio = _time_paired(functools.partial(fn, x), ref, dev, reps)
+            first, times, ratio = _time_paired(functools.partial(fn, q, k), ref, dev, reps)
         record("forward", method, first, times, 2 * nbytes, ratio)
         if kind == "inplace":
             continue  # in place is the inference path: no autograd
-        xg = x.detach().clone().requires_grad_()
+        qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
 
-        def both(fn=fn, xg=xg):
-            xg.grad = None
-            fn(xg).backward(grad)
+        def both(fn=fn, qg=qg, kg=kg):
+            qg.grad = kg.grad = None
+            torch.autograd.backward(fn(qg, kg), grads)
 
         first, times = _time(both, dev, reps)
         record("both", method, first, times, 4 * nbytes)
@@ -462,8 +479,9 @@ def _ratios(rows: list[Row]) -> None:
             r.vs_hf_eager = hf.median_ms / r.median_ms
 
 
-def write_csv(rows: list[Row], path: str) -> None:
-    """Write rows as a long-format CSV, atomically (temporary file, then rename)."""
+def write_csv(rows: list[Any], path: str) -> None:
+    """Write rows (dataclasses of one kind: :class:`Row`, ``bench.hf.HFRow``) as a
+    long-format CSV, atomically (temporary file, then rename)."""
     buf = io.StringIO()
     fields = list(asdict(rows[0]).keys()) if rows else list(Row.__dataclass_fields__)
     writer = csv.DictWriter(buf, fieldnames=fields)
