@@ -34,11 +34,21 @@ STAND_INS = {"kimi_k2": "deepseek_v3", "minicpmo": "qwen2", "minicpmv": "llama"}
 # module rotates 64 pairs where the checkpoint has 32. The reference is transformers given the
 # same keys under text_config, the form its own configs are saved in.
 NESTED_FOR_TRANSFORMERS = {"glm4v"}
+# Phi-3's first LongRoPE files name the type "su". Phi3Config standardizes its rope dict (which
+# moves the top-level original_max_position_embeddings in, for "longrope" only) before it
+# renames "su" to "longrope", then fails its own check for the missing key: transformers 5.24
+# cannot read Phi-3-vision-128k-instruct's config. The reference is transformers given the new
+# name; posemb reads "su" as the alias it is.
+RENAMED_FOR_TRANSFORMERS = {("phi3", "su"): "longrope"}
 
 
 def hf_config(d: dict, model_type: str | None = None):
     """transformers' text config for a config.json dict (the model's own config class)."""
     mt = model_type or STAND_INS.get(d["model_type"], d["model_type"])
+    scaling = d.get("rope_scaling") or {}
+    renamed = RENAMED_FOR_TRANSFORMERS.get((d["model_type"], scaling.get("type")))
+    if renamed:
+        d = {**d, "rope_scaling": {**scaling, "type": renamed}}
     if d["model_type"] in NESTED_FOR_TRANSFORMERS and "text_config" not in d:
         d = {"model_type": d["model_type"], "text_config": {**d, "model_type": mt + "_text"}}
     with warnings.catch_warnings():

@@ -30,8 +30,16 @@ FUSED = {
     "llama4__llama-4-scout-17b-16e-instruct.json": CASES[
         "llama4__llama-4-scout-17b-16e-instruct.json"
     ],
+    # The rotary part of MLA, pairs interleaved in the checkpoint, returned de-interleaved.
+    "deepseek_v3__deepseek-v3.json": CASES["deepseek_v3__deepseek-v3.json"],
+    # Phi-1 splits off the rotated half before calling the rotation; gpt-oss's tables hold
+    # one entry per pair.
+    "phi__phi-1.json": {"num_hidden_layers": 2},
+    "gpt_oss__gpt-oss-120b.json": CASES["gpt_oss__gpt-oss-120b.json"],
 }
-REFUSED = {"deepseek_v3__deepseek-v3.json": "apply_rotary_pos_emb_interleave"}
+# GPT-J's module hands out a stacked sin/cos buffer and its attention rotates one tensor at a
+# time: neither its tables nor its rotation are replaced.
+REFUSED = {"gptj__gpt-j-6b.json": ("stacked sin/cos buffer", {"hidden_size": 256})}
 
 
 def _ids() -> torch.Tensor:
@@ -70,7 +78,8 @@ def test_fused_model_matches_the_eager_model(name, monkeypatch):
     def no_eager(*args, **kwargs):
         raise AssertionError("the eager rotation ran")
 
-    for eager_name in ("rotate_half", "apply_rotary_pos_emb", "apply_rotary_emb"):
+    eager_names = ("rotate_half", "apply_rotary_pos_emb", "apply_rotary_emb", "_apply_rotary_emb")
+    for eager_name in (*eager_names, "apply_rotary_pos_emb_interleave"):
         if hasattr(modeling, eager_name):
             monkeypatch.setattr(modeling, eager_name, no_eager)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -93,11 +102,12 @@ def test_fused_model_matches_the_eager_model(name, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(REFUSED), ids=[n.split("__")[0] for n in sorted(REFUSED)])
 def test_a_family_posemb_cannot_fuse_is_refused_and_left_unchanged(name):
-    model = _tiny(name, CASES[name])
+    reason, sizes = REFUSED[name]
+    model = _tiny(name, {"num_hidden_layers": 2, **sizes})
     ids = _ids()
     with torch.no_grad():
         want = model(ids).logits
-        with pytest.raises(ValueError, match=REFUSED[name]):
+        with pytest.raises(ValueError, match=reason):
             hf.patch_rotary(model, fused=True)
         assert _attention_layers(model) == 0
         assert not any(isinstance(m, hf.HFRotaryEmbedding) for m in model.modules())
@@ -186,3 +196,65 @@ def test_fused_qwen2_vl_with_an_image_uses_its_3d_positions():
             got = model(**inputs).logits
     assert float((got - want).abs().max()) <= 1e-5
     assert [e for e in prof.events() if e.name == "posemb::_rotate_cpu_into"]
+
+
+def _phi3_vision_text(layers: int = 2) -> torch.nn.Module:
+    """A tiny Phi-3 with Phi-3-vision-128k-instruct's LongRoPE factors (head_dim 96, 48 pairs).
+    transformers 5.24 cannot read the file's ``"type": "su"`` (see hf_reference), so the model
+    is built from it with the type's current name, ``longrope``."""
+    import json
+
+    from test_hf_patch_models import DATA, SMALL
+
+    d = json.loads((DATA / "phi3__phi-3-vision-128k-instruct.json").read_text())
+    d["rope_scaling"] = {**d["rope_scaling"], "type": "longrope"}
+    d.update(SMALL)
+    d.update(hidden_size=192, num_attention_heads=2, num_key_value_heads=1)
+    d.update(num_hidden_layers=layers, sliding_window=None)
+    d.pop("model_type")
+    cfg = transformers.AutoConfig.for_model("phi3", **d)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("length", [24, 4100], ids=["short-factors", "long-factors"])
+def test_fused_phi3_longrope_before_and_past_its_original_length(length):
+    """Phi-3's LongRoPE switches from its short to its long factors past
+    original_max_position_embeddings (4096): the fused model follows it, logits and gradients."""
+    model = _phi3_vision_text()
+    assert model.config.rope_parameters["original_max_position_embeddings"] == 4096
+    ids = torch.randint(1, 128, (1, length), generator=torch.Generator().manual_seed(2))
+    want, want_grads = _logits_and_grads(model, ids)
+    hf.patch_rotary(model, fused=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got, grads = _logits_and_grads(model, ids)
+    calls = [e.name for e in prof.events() if e.name == "posemb::rotate_cpu"]
+    assert len(calls) == 2 * model.config.num_hidden_layers
+    assert float((got - want).abs().max()) <= 1e-5
+    for key, g in grads.items():
+        assert float((g - want_grads[key]).abs().max()) <= 1e-5, key
+    # The two lengths really are rotated by different factors.
+    rope = hf.HFRotaryEmbedding(model.config)
+    x = torch.zeros(1, 1, 1, 96)
+    short = rope(x, torch.arange(24)[None])[0][0, 5]
+    long = rope(x, torch.arange(4100)[None])[0][0, 5]
+    assert not torch.allclose(short, long)
+
+
+def test_a_rotation_of_another_form_is_refused_by_the_probe(monkeypatch):
+    """A family whose function posemb's forms do not reproduce (here Llama's, rotating the
+    other way) is refused when patched, nothing changed: never fused and silently wrong."""
+    from transformers.models.llama import modeling_llama
+
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    original = modeling_llama.apply_rotary_pos_emb
+
+    def backwards(q, k, cos, sin, unsqueeze_dim=1):
+        return original(q, k, cos, -sin, unsqueeze_dim)
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", backwards)
+    with pytest.raises(ValueError, match="none of the forms posemb fuses"):
+        hf.patch_rotary(model, fused=True)
+    assert _attention_layers(model) == 0
+    assert not any(isinstance(m, hf.HFRotaryEmbedding) for m in model.modules())

@@ -14,9 +14,10 @@ numerically against the family's own function when patched (a mismatch refuses, 
 silently eager or wrong): ``rotate_half`` on ``cat([c, c])`` tables, partial rotary by the
 tables' width (Llama, Qwen2, Mistral, Gemma 3, OLMo 3, Phi-3, GPT-NeoX and the rest of that
 form), Cohere's rotation of interleaved pairs on ``repeat_interleave``'d tables, and Llama 4's
-complex ``freqs_cis`` on interleaved pairs of (batch, seq, heads, head_dim) tensors. An
-attention that may call a second rotation (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``)
-is refused: one of the two would stay eager.
+complex ``freqs_cis`` on interleaved pairs of (batch, seq, heads, head_dim) tensors, and
+DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (pairs de-interleaved into rotate_half
+order). An attention calling any rotation posemb does not express is refused: it would stay
+eager while the model claimed to be fused.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ ROTATION = "apply_rotary_pos_emb"
 _MARK = "_posemb_fused"
 
 
-def fused_rotation(layout: Layout) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def fused_rotation(
+    layout: Layout, halved_tables: bool = False
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """A drop-in ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` through posemb's op.
 
     Args:
         layout: ``Layout.HALF`` for ``rotate_half`` on ``cat([c, c])`` tables,
             ``Layout.INTERLEAVED`` for pairs (2j, 2j+1) on ``repeat_interleave(c, 2)`` tables.
+        halved_tables: the tables are one entry per pair, ``(B, S, r/2)`` (gpt-oss), not
+            repeated to the rotary width.
 
     Returns:
         The function: q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` (or ``(B, S, H, D)`` with
@@ -64,31 +69,64 @@ def fused_rotation(layout: Layout) -> Callable[..., tuple[torch.Tensor, torch.Te
             return qr.transpose(1, 2), kr.transpose(1, 2)
         if unsqueeze_dim != 1:
             raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
-        half = cos.shape[-1] // 2
-        c, s = (
-            (cos[..., :half], sin[..., :half])
-            if layout is Layout.HALF
-            else (cos[..., ::2], sin[..., ::2])
-        )
+        if halved_tables:
+            c, s = cos, sin
+        elif layout is Layout.HALF:
+            c, s = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+        else:
+            c, s = cos[..., ::2], sin[..., ::2]
         return kernels.rotate(q, k, c, s, layout=layout)
 
     apply_rotary_pos_emb.__doc__ = f"posemb's fused rotation ({layout.value} pairs)."
     return apply_rotary_pos_emb
 
 
-_shadows: dict[tuple[str, int], types.ModuleType] = {}
+def fused_deinterleaving_rotation() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A drop-in ``apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None,
+    unsqueeze_dim=1)`` (DeepSeek-V3's ``rope_interleave``) through posemb's op.
+
+    DeepSeek's checkpoints hold each pair (2j, 2j+1) side by side, and transformers returns the
+    rotated pairs de-interleaved, in ``rotate_half`` order (the order its KV cache keeps). So
+    this de-interleaves q and k (one copy each) and rotates that in one fused pass, returning
+    exactly the layout transformers returns.
+
+    Returns:
+        The function: q ``(B, Hq, S, r)``, k ``(B, Hk, S, r)``, cos and sin ``(B, S, r)`` in
+        ``cat([c, c])`` form; returns ``(q', k')`` in rotate_half order, in q's dtype.
+    """
+    half = fused_rotation(Layout.HALF)
+
+    def apply_rotary_pos_emb_interleave(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        unsqueeze_dim: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        def deinterleave(x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+        return half(deinterleave(q), deinterleave(k), cos, sin, unsqueeze_dim)
+
+    return apply_rotary_pos_emb_interleave
 
 
-def _shadow(module_name: str, form: _Form) -> dict[str, Any]:
+_shadows: dict[tuple[str, tuple[int, ...]], types.ModuleType] = {}
+
+
+def _shadow(module_name: str, forms: tuple[_Form, ...]) -> dict[str, Any]:
     """The globals for rebuilt functions: a copy of the modeling module, registered in
     ``sys.modules`` under its own name (``torch.compile`` resolves a function's globals by
-    their ``__name__``), in which the form's rotation is posemb's."""
-    key = (module_name, FORMS.index(form))
+    their ``__name__``), in which each of the forms' rotations is posemb's."""
+    key = (module_name, tuple(FORMS.index(f) for f in forms))
     if key not in _shadows:
-        name = f"posemb.hf._fused.form{key[1]}.{module_name}"
+        tag = "_".join(map(str, key[1]))
+        name = f"posemb.hf._fused.form{tag}.{module_name}"
         shadow = types.ModuleType(name)
         shadow.__dict__.update(sys.modules[module_name].__dict__)
-        shadow.__dict__.update({"__name__": name, form.name: form.replacement})
+        shadow.__dict__["__name__"] = name
+        shadow.__dict__.update({f.name: f.replacement for f in forms})
         sys.modules[name] = shadow
         _shadows[key] = shadow
     return _shadows[key].__dict__
@@ -143,6 +181,10 @@ def _probe_half(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
     return (*_probe_qk(head_dim), torch.cat((c, c), -1), torch.cat((s, s), -1))
 
 
+def _probe_halved(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+    return (*_probe_qk(head_dim), *_probe_angles(rotary))
+
+
 def _probe_interleaved(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
     c, s = _probe_angles(rotary)
     return (*_probe_qk(head_dim), c.repeat_interleave(2, -1), s.repeat_interleave(2, -1))
@@ -157,12 +199,24 @@ FORMS = (
     _Form(ROTATION, "rotate_half on cat([cos, cos])", fused_rotation(Layout.HALF), _probe_half),
     _Form(
         ROTATION,
+        "rotate_half on one table entry per pair",
+        fused_rotation(Layout.HALF, halved_tables=True),
+        _probe_halved,
+    ),
+    _Form(
+        ROTATION,
         "pairs (2j, 2j+1) on repeated tables",
         fused_rotation(Layout.INTERLEAVED),
         _probe_interleaved,
     ),
     _Form(
         "apply_rotary_emb", "complex freqs_cis on pairs", fused_complex_rotation(), _probe_complex
+    ),
+    _Form(
+        "apply_rotary_pos_emb_interleave",
+        "pairs (2j, 2j+1) returned in rotate_half order, on cat([cos, cos])",
+        fused_deinterleaving_rotation(),
+        _probe_half,
     ),
 )
 NAMES = tuple(dict.fromkeys(f.name for f in FORMS))
@@ -197,17 +251,27 @@ def _innermost(fn: Any) -> Any:
 
 
 def _agrees(original: Callable[..., Any], form: _Form, head_dim: int, rotary: int) -> bool:
-    """Does posemb's rotation give the family's own function's result on a probe input?"""
-    args = form.probe(head_dim, rotary)
-    with torch.no_grad():
-        try:
-            want = original(*args)
-        except Exception:  # another signature (DeepSeek-V4 rotates one tensor): not this form
+    """Does posemb's rotation give the family's own function's result on a probe input?
+
+    The probe's q and k are the full head first, then cut to the rotary width: a family that
+    rotates part of the head may pass the whole head (Llama-style partial rotary) or split off
+    the rotated part first (Phi-1). The form agrees if the family's function runs on one of them
+    and posemb's gives its result on each it runs on."""
+    ran = False
+    for width in dict.fromkeys((head_dim, rotary)):
+        args = form.probe(width, rotary)
+        with torch.no_grad():
+            try:
+                want = original(*args)
+            except Exception:  # another signature or width (DeepSeek-V4 rotates one tensor)
+                continue
+            got = form.replacement(*args)
+        ran = True
+        if not all(
+            bool(torch.allclose(a, b, rtol=1e-5, atol=1e-5)) for a, b in zip(got, want, strict=True)
+        ):
             return False
-        got = form.replacement(*args)
-    return all(
-        bool(torch.allclose(a, b, rtol=1e-5, atol=1e-5)) for a, b in zip(got, want, strict=True)
-    )
+    return ran
 
 
 def _form_of(modeling: str, name: str, head_dim: int, rotary: int) -> _Form:
@@ -235,24 +299,19 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         called = _innermost(forward).__code__.co_names
         rotations = [n for n in called if n.startswith("apply_rotary")]
         fusable = [n for n in rotations if n in NAMES and hasattr(sys.modules.get(modeling), n)]
-        if not fusable:
-            # Vision towers' patch RoPE is left alone, as patch_rotary leaves their tables.
-            if rotations and "Vision" not in type(module).__name__:
-                raise ValueError(
-                    f"{type(module).__name__} rotates through {', '.join(rotations)}, which "
-                    f"posemb does not fuse (patch_rotary without fused=True swaps the tables only)"
-                )
-            continue
-        if len(rotations) > 1:  # one would stay eager while the model claimed to be fused
+        if not fusable and (not rotations or "Vision" in type(module).__name__):
+            continue  # vision towers' patch RoPE is left alone, as patch_rotary leaves it
+        if len(fusable) < len(rotations):  # one would stay eager while claiming to be fused
+            eager = sorted(set(rotations) - set(fusable))
             raise ValueError(
-                f"{type(module).__name__} may rotate through {', '.join(sorted(rotations))}; "
-                f"posemb fuses one rotation per attention (patch_rotary without fused=True "
-                f"swaps the tables only)"
+                f"{type(module).__name__} rotates through {', '.join(eager)}, which posemb "
+                f"does not fuse (patch_rotary without fused=True swaps the tables only)"
             )
-        key = (modeling, fusable[0])
-        if key not in forms:
-            forms[key] = _form_of(modeling, fusable[0], head_dim, rotary_dim)
-        plan.append((name, module, _rebuilt(forward, _shadow(modeling, forms[key]))))
+        for rotation in fusable:
+            if (modeling, rotation) not in forms:
+                forms[(modeling, rotation)] = _form_of(modeling, rotation, head_dim, rotary_dim)
+        chosen = tuple(forms[(modeling, r)] for r in sorted(fusable))
+        plan.append((name, module, _rebuilt(forward, _shadow(modeling, chosen))))
     if not plan:
         raise ValueError(
             f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
@@ -277,4 +336,11 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     return restored
 
 
-__all__ = ["FORMS", "fused_complex_rotation", "fused_rotation", "patch_fused", "unpatch_fused"]
+__all__ = [
+    "FORMS",
+    "fused_complex_rotation",
+    "fused_deinterleaving_rotation",
+    "fused_rotation",
+    "patch_fused",
+    "unpatch_fused",
+]
