@@ -5,6 +5,7 @@ nothing changed; unpatch_rotary restores the model."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -258,3 +259,52 @@ def test_a_rotation_of_another_form_is_refused_by_the_probe(monkeypatch):
         hf.patch_rotary(model, fused=True)
     assert _attention_layers(model) == 0
     assert not any(isinstance(m, hf.HFRotaryEmbedding) for m in model.modules())
+
+
+def test_fused_deepseek_v2_complex_rotation_on_heads_first():
+    """DeepSeek-V2 rotates with complex freqs_cis on (batch, heads, seq, dim), where Llama 4's
+    are (batch, seq, heads, dim). No published DeepSeek-V2 config is kept as data, so the tiny
+    model takes the config class's defaults for RoPE (rope_theta 10000, no scaling)."""
+    cfg = transformers.DeepseekV2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = _ids()
+    want, want_grads = _logits_and_grads(model, ids)
+    hf.patch_rotary(model, fused=True)
+    assert _attention_layers(model) == 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got, grads = _logits_and_grads(model, ids)
+    assert [e.name for e in prof.events()].count("posemb::rotate_cpu") == 4
+    assert float((got - want).abs().max()) <= 1e-5
+    for key, g in grads.items():
+        assert float((g - want_grads[key]).abs().max()) <= 1e-5, key
+
+
+def test_glm4v_text_rotation_is_the_interleaved_partial_form():
+    """GLM-4V's text attention rotates interleaved pairs of the first half of each head on
+    repeated tables (its rotate_half_llm). Its model class needs an image processor to build,
+    so the form is checked on the probe, as patch_rotary checks it, for the published file's
+    head_dim 128 and partial_rotary_factor 0.5."""
+    from posemb.hf import fused
+
+    importlib.import_module("transformers.models.glm4v.modeling_glm4v")
+    form = fused._form_of("transformers.models.glm4v.modeling_glm4v", fused.ROTATION, 128, 64)
+    assert "pairs (2j, 2j+1) on repeated tables" in form.label

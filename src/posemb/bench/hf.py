@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,10 +86,12 @@ class HFRow:
     timestamp: str
 
 
-def _config(setup: Setup) -> object:
+def _config(setup: Setup) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    config_cls: Any = LlamaConfig  # its keyword arguments are not all in the stubs
+
+    return config_cls(
         vocab_size=setup.vocab,
         hidden_size=setup.width,
         intermediate_size=setup.intermediate,
@@ -140,9 +143,7 @@ def _available(device: torch.device) -> list[str]:
     return methods
 
 
-def _models(
-    base: nn.Module, methods: list[str]
-) -> dict[str, tuple[nn.Module, contextlib.AbstractContextManager]]:
+def _models(base: nn.Module, methods: list[str]) -> dict[str, tuple[nn.Module, Any]]:
     """A deep copy of ``base`` per method, patched as the method says, with the context its
     steps run in."""
     from ..hf import patch_rotary
@@ -296,7 +297,8 @@ def run(
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    base = LlamaForCausalLM(_config(setup)).to(dev, dtypes[dtype]).train()
+    model_cls: Any = LlamaForCausalLM  # its decorated .to() confuses the type stubs
+    base = model_cls(_config(setup)).to(dev, dtypes[dtype]).train()
     models = _models(base, _available(dev))
     del base
 

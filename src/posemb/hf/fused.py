@@ -14,7 +14,8 @@ numerically against the family's own function when patched (a mismatch refuses, 
 silently eager or wrong): ``rotate_half`` on ``cat([c, c])`` tables, partial rotary by the
 tables' width (Llama, Qwen2, Mistral, Gemma 3, OLMo 3, Phi-3, GPT-NeoX and the rest of that
 form), Cohere's rotation of interleaved pairs on ``repeat_interleave``'d tables, and Llama 4's
-complex ``freqs_cis`` on interleaved pairs of (batch, seq, heads, head_dim) tensors, and
+complex ``freqs_cis`` on interleaved pairs of (batch, seq, heads, head_dim) tensors and
+DeepSeek-V2's on (batch, heads, seq, head_dim), and
 DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (pairs de-interleaved into rotate_half
 order). An attention calling any rotation posemb does not express is refused: it would stay
 eager while the model claimed to be fused.
@@ -132,11 +133,15 @@ def _shadow(module_name: str, forms: tuple[_Form, ...]) -> dict[str, Any]:
     return _shadows[key].__dict__
 
 
-def fused_complex_rotation() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """A drop-in ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4) through posemb's op.
+def fused_complex_rotation(bshd: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A drop-in ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4, DeepSeek-V2) through
+    posemb's op.
+
+    Args:
+        bshd: q and k are ``(B, S, H, D)`` (Llama 4); False for ``(B, H, S, D)`` (DeepSeek-V2).
 
     Returns:
-        The function: xq ``(B, S, Hq, D)`` and xk ``(B, S, Hk, D)`` with pairs (2j, 2j+1),
+        The function: xq and xk with pairs (2j, 2j+1), ``(B, S, H, D)`` or ``(B, H, S, D)``,
         freqs_cis complex ``(B, S, D/2)`` (its modulus, the attention factor, scales both);
         returns the rotated ``(xq', xk')`` in their dtypes.
     """
@@ -145,6 +150,8 @@ def fused_complex_rotation() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]
         xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c, s = freqs_cis.real.float(), freqs_cis.imag.float()
+        if not bshd:
+            return kernels.rotate(xq, xk, c, s, layout=Layout.INTERLEAVED)
         qr, kr = kernels.rotate(
             xq.transpose(1, 2), xk.transpose(1, 2), c, s, layout=Layout.INTERLEAVED
         )
@@ -190,9 +197,13 @@ def _probe_interleaved(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
     return (*_probe_qk(head_dim), c.repeat_interleave(2, -1), s.repeat_interleave(2, -1))
 
 
-def _probe_complex(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+def _probe_complex(head_dim: int, rotary: int, bshd: bool = True) -> tuple[torch.Tensor, ...]:
     c, s = _probe_angles(rotary)
-    return (*_probe_qk(head_dim, bshd=True), torch.complex(c, s) * 0.9)
+    return (*_probe_qk(head_dim, bshd=bshd), torch.complex(c, s) * 0.9)
+
+
+def _probe_complex_bhsd(head_dim: int, rotary: int) -> tuple[torch.Tensor, ...]:
+    return _probe_complex(head_dim, rotary, bshd=False)
 
 
 FORMS = (
@@ -210,7 +221,16 @@ FORMS = (
         _probe_interleaved,
     ),
     _Form(
-        "apply_rotary_emb", "complex freqs_cis on pairs", fused_complex_rotation(), _probe_complex
+        "apply_rotary_emb",
+        "complex freqs_cis on pairs, (batch, seq, heads, dim)",
+        fused_complex_rotation(),
+        _probe_complex,
+    ),
+    _Form(
+        "apply_rotary_emb",
+        "complex freqs_cis on pairs, (batch, heads, seq, dim)",
+        fused_complex_rotation(bshd=False),
+        _probe_complex_bhsd,
     ),
     _Form(
         "apply_rotary_pos_emb_interleave",
