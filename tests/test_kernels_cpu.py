@@ -441,16 +441,18 @@ def _thp_mode() -> str | None:
 
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="no transparent huge pages")
 def test_large_outputs_are_backed_by_huge_pages():
-    # 32 MB outputs: without the advice, under THP "madvise", they fault in 4 KB pages.
-    q = torch.randn(1, 8, 1024, 1024)
+    # 64 MB outputs: glibc maps anything over 32 MB freshly (a smaller one may reuse heap
+    # pages that earlier tests touched, which no advice changes); without the advice, under
+    # THP "madvise", such a mapping faults in 4 KB pages.
+    q = torch.randn(1, 16, 1024, 1024)
     cos, sin = tables(torch.arange(1024)[None], 1024, "cpu")
     qg = q.clone().requires_grad_()  # the autograd op allocates its outputs in C++
     got_q, _ = kernels.rotate(qg, qg[:, :0], cos, sin, backend="cpu")
-    assert _anon_huge_kb(got_q) >= 16 * 1024
+    assert _anon_huge_kb(got_q) >= 32 * 1024
     assert_close(got_q.detach(), reference.rotate(q, cos, sin, Layout.HALF), torch.float32)
     with torch.no_grad():  # the eager path allocates in Python and passes the outputs in
         got_q, _ = kernels.rotate(q, q[:, :0], cos, sin, backend="cpu")
-    assert _anon_huge_kb(got_q) >= 16 * 1024
+    assert _anon_huge_kb(got_q) >= 32 * 1024
 
 
 @pytest.mark.skipif(_thp_mode() != "madvise", reason="only THP 'madvise' shows the advice")
@@ -458,7 +460,7 @@ def test_posemb_hugepages_0_turns_the_advice_off():
     code = (
         "import torch, test_kernels_cpu as t\n"
         "from posemb import kernels\n"
-        "q = torch.randn(1, 8, 1024, 1024)\n"
+        "q = torch.randn(1, 16, 1024, 1024)\n"
         "cos, sin = t.tables(torch.arange(1024)[None], 1024, 'cpu')\n"
         "out, _ = kernels.rotate(q, q[:, :0], cos, sin, backend='cpu')\n"
         "print(t._anon_huge_kb(out))\n"
