@@ -242,3 +242,26 @@ def test_every_layer_gate_in_transformers_has_a_rule():
                 continue
             fam = families.family_for(mt, set())
             assert fam.rope_layers == gate, (mt, gate, fam.name)
+
+
+def _has_own_head_dim(model_type: str, hidden: int, heads: int) -> bool:
+    cfg = transformers_pkg.AutoConfig.for_model(
+        model_type, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=4
+    )
+    text = cfg.get_text_config(decoder=True).to_dict()
+    got = text.get("head_dim")
+    return isinstance(got, int) and got != text["hidden_size"] // text["num_attention_heads"]
+
+
+def test_class_head_dim_lists_every_class_with_a_head_dim_of_its_own():
+    """A file without head_dim: a class that derives it (hidden_size / num_attention_heads)
+    agrees with posemb's derivation; every other one is in CLASS_HEAD_DIM, read through the
+    class. Two sizes, so a default that happens to equal the quotient is not mistaken."""
+    own = set()
+    for mt in sorted(CONFIG_MAPPING.keys()):
+        try:
+            if any(_has_own_head_dim(mt, h, n) for h, n in ((2304, 8), (1536, 12))):
+                own.add(mt)
+        except Exception:  # a class that cannot be built from these sizes: nothing to compare
+            continue
+    assert own == set(families.CLASS_HEAD_DIM)

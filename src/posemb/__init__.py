@@ -5,6 +5,7 @@ modules that need them, so ``import posemb`` costs little beyond ``import torch`
 """
 
 from . import _renamed, hf, scaling, temperature
+from ._errors import BackendUnavailable, InputError
 from ._version import __version__
 from .absolute import LearnedEmbedding, SinusoidalEmbedding, sinusoidal_table
 from .attention import (
@@ -40,7 +41,9 @@ from .rope import (
 
 __all__ = [
     "AlibiBias",
+    "BackendUnavailable",
     "FireBias",
+    "InputError",
     "Layout",
     "LearnedEmbedding",
     "MRotaryEmbedding",

@@ -10,13 +10,15 @@ import math
 
 import torch
 
+from ._errors import InputError
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int if it is a positive integer, else raise ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
@@ -27,24 +29,24 @@ def number(name: str, value: object, *, minimum: float, strict: bool = False) ->
         if x > minimum or (not strict and x == minimum):
             return x
     rel = ">" if strict else ">="
-    raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
+    raise InputError(f"{name} must be a finite number {rel} {minimum:g}, got {value!r}")
 
 
 def even_int(name: str, value: object) -> int:
     """Return ``value`` if it is a positive even integer (a count of rotated channel pairs)."""
     n = positive_int(name, value)
     if n % 2:
-        raise ValueError(f"{name} must be even (channels rotate in pairs), got {value!r}")
+        raise InputError(f"{name} must be even (channels rotate in pairs), got {value!r}")
     return n
 
 
 def base(value: object) -> float:
     """Return the frequency base as a float if it is finite and greater than 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"base must be a real number greater than 1, got {value!r}")
+        raise InputError(f"base must be a real number greater than 1, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value <= 1.0:
-        raise ValueError(
+        raise InputError(
             f"base must be finite and greater than 1 (frequencies base^(-2i/d) must decrease), "
             f"got {value!r}"
         )
@@ -54,9 +56,9 @@ def base(value: object) -> float:
 def float_tensor(name: str, x: object) -> torch.Tensor:
     """Return ``x`` if it is a floating-point tensor of a dtype posemb computes with."""
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise InputError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(
+        raise InputError(
             f"{name} must have a floating dtype (float16, bfloat16, float32, float64), "
             f"got {x.dtype}"
         )
@@ -66,7 +68,7 @@ def float_tensor(name: str, x: object) -> torch.Tensor:
 def float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return ``dtype`` if it is one of the floating dtypes posemb produces."""
     if not isinstance(dtype, torch.dtype) or dtype not in _FLOAT_DTYPES:
-        raise ValueError(
+        raise InputError(
             f"{name} must be one of float16, bfloat16, float32, float64, got {dtype!r}"
         )
     return dtype
@@ -89,16 +91,16 @@ def positions(
         try:
             t = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise ValueError(f"{name} must be integers, got {value!r}") from err
+            raise InputError(f"{name} must be integers, got {value!r}") from err
     else:
-        raise ValueError(
+        raise InputError(
             f"{name} must be an integer tensor or a sequence of ints, got {type(value).__name__}"
         )
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"{name} must have an integer dtype, got {t.dtype}")
+        raise InputError(f"{name} must have an integer dtype, got {t.dtype}")
     if max_dim is not None and not 1 <= t.dim() <= max_dim:
         shapes = "(seq,)" if max_dim == 1 else "(seq,) or (batch, seq)"
-        raise ValueError(f"{name} must have shape {shapes}, got shape {tuple(t.shape)}")
+        raise InputError(f"{name} must have shape {shapes}, got shape {tuple(t.shape)}")
     return t
 
 
@@ -137,7 +139,7 @@ def positions_for(
         return torch.arange(start, start + length, device=device)
     pos = positions(value, max_dim=2, name=name)
     if pos.shape[-1] != length or (pos.dim() == 2 and pos.shape[0] not in (1, batch)):
-        raise ValueError(
+        raise InputError(
             f"{name} must have shape ({length},) or ({batch}, {length}), "
             f"got shape {tuple(pos.shape)}"
         )
@@ -158,7 +160,7 @@ def within_table(rows: torch.Tensor, size: int, what: str, remedy: str) -> None:
     lo, hi = int(rows.min()), int(rows.max())
     if lo < 0 or hi >= size:
         bad = hi if hi >= size else lo
-        raise ValueError(f"position {bad} is outside [0, {size}) of {what}; {remedy}")
+        raise InputError(f"position {bad} is outside [0, {size}) of {what}; {remedy}")
 
 
 def cos_sin_tables(
@@ -176,16 +178,16 @@ def cos_sin_tables(
     sin = float_tensor("sin", sin)
     if cos.shape != sin.shape or cos.dim() not in dims:
         allowed = " or ".join(map(str, dims))
-        raise ValueError(
+        raise InputError(
             f"cos and sin must have the same shape with {allowed} dimensions, got "
             f"{tuple(cos.shape)} and {tuple(sin.shape)}"
         )
     for tname, t in (("cos", cos), ("sin", sin)):
         if t.device != x.device:
-            raise ValueError(f"{tname} is on {t.device} but the input is on {x.device}; move it")
+            raise InputError(f"{tname} is on {t.device} but the input is on {x.device}; move it")
     n = cos.shape[-1]
     if n < 1 or 2 * n > x.shape[-1]:
-        raise ValueError(
+        raise InputError(
             f"cos has {n} frequencies, so {2 * n} channels would rotate; allowed is 1 to "
             f"head_dim/2 = {x.shape[-1] // 2}"
         )
@@ -197,7 +199,7 @@ def per_token_tables(cos: torch.Tensor, x: torch.Tensor, name: str = "x") -> Non
     ``(batch, heads, seq, head_dim)`` (``name`` is ``x``'s name, for the message)."""
     batch, seq = x.shape[0], x.shape[2]
     if cos.shape[-2] != seq or (cos.dim() == 3 and cos.shape[0] not in (1, batch)):
-        raise ValueError(
+        raise InputError(
             f"cos of shape {tuple(cos.shape)} does not match {name} of shape "
             f"{tuple(x.shape)}: "
             f"allowed are ({seq}, r/2) or ({batch}, {seq}, r/2)"
@@ -210,5 +212,5 @@ def rotary_dims(head_dim: object, rotary_dim: object) -> tuple[int, int]:
     head = positive_int("head_dim", head_dim)
     rotary = even_int("rotary_dim", head if rotary_dim is None else rotary_dim)
     if rotary > head:
-        raise ValueError(f"rotary_dim must be <= head_dim = {head}, got {rotary_dim!r}")
+        raise InputError(f"rotary_dim must be <= head_dim = {head}, got {rotary_dim!r}")
     return head, rotary

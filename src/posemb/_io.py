@@ -8,6 +8,8 @@ import pathlib
 import tempfile
 from collections.abc import Callable
 
+from ._errors import InputError
+
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it onto ``path``.
@@ -60,15 +62,15 @@ def read_json(path: str | os.PathLike[str], what: str) -> object:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"{what} {str(p)!r} does not exist") from None
+        raise InputError(f"{what} {str(p)!r} does not exist") from None
     except IsADirectoryError:
-        raise ValueError(f"{what} {str(p)!r} is a directory, not a file") from None
+        raise InputError(f"{what} {str(p)!r} is a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what} {str(p)!r} cannot be read as UTF-8 text: {err}") from None
+        raise InputError(f"{what} {str(p)!r} cannot be read as UTF-8 text: {err}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise InputError(
             f"{what} {str(p)!r} is not valid JSON (line {err.lineno}, column {err.colno}: "
             f"{err.msg}); a truncated file looks like this"
         ) from None

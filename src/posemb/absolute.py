@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from . import _checks
+from ._errors import InputError
 from .freqs import cos_sin, inv_freq
 
 
@@ -44,7 +45,7 @@ def sinusoidal_table(
     _checks.even_int("dim", dim)
     if isinstance(positions_or_length, int) and not isinstance(positions_or_length, bool):
         if positions_or_length < 0:
-            raise ValueError(
+            raise InputError(
                 f"positions_or_length must be a length >= 0 or integer positions, "
                 f"got {positions_or_length}"
             )
@@ -66,7 +67,7 @@ def _default_positions(x: torch.Tensor, positions: object) -> torch.Tensor:
 def _check_input(x: object, dim: int) -> torch.Tensor:
     x = _checks.float_tensor("x", x)
     if x.dim() != 3 or x.shape[-1] != dim:
-        raise ValueError(f"x must have shape (batch, seq, {dim}), got shape {tuple(x.shape)}")
+        raise InputError(f"x must have shape (batch, seq, {dim}), got shape {tuple(x.shape)}")
     return x
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _checks
+from ._errors import InputError
 from .bias import AlibiBias, FireBias, T5Bias
 from .rope import RotaryEmbedding, XPos
 from .temperature import QueryTemperature
@@ -45,19 +46,19 @@ def attention_probs(
     q = _checks.float_tensor("q", q)
     k = _checks.float_tensor("k", k)
     if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(
+        raise InputError(
             f"q and k must have shape (batch, heads, seq, head_dim), got {tuple(q.shape)} "
             f"and {tuple(k.shape)}"
         )
     if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
+        raise InputError(
             f"q and k must share batch and head_dim, got q {tuple(q.shape)} and k {tuple(k.shape)}"
         )
     if q.shape[1] % k.shape[1]:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k heads ({k.shape[1]})")
+        raise InputError(f"q heads ({q.shape[1]}) must be a multiple of k heads ({k.shape[1]})")
     q_len, k_len = q.shape[2], k.shape[2]
     if causal and q_len > k_len:
-        raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
+        raise InputError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
     dt = _checks.compute_dtype(q)
     kk = k.to(dt).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -67,7 +68,7 @@ def attention_probs(
         try:
             logits = logits + b.to(dt)
         except RuntimeError as err:
-            raise ValueError(
+            raise InputError(
                 f"bias of shape {tuple(b.shape)} does not broadcast to "
                 f"{tuple(logits.shape)} (batch, heads, q_len, k_len)"
             ) from err
@@ -103,7 +104,7 @@ def dot_product_attention(
     p = attention_probs(q, k, causal=causal, bias=bias, scale=scale)
     v = _checks.float_tensor("v", v)
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
-        raise ValueError(
+        raise InputError(
             f"v must have shape (batch, kv_heads, k_len, v_dim) matching k {tuple(k.shape[:3])}, "
             f"got {tuple(v.shape)}"
         )
@@ -123,7 +124,7 @@ def permutation_matrix(perm: torch.Tensor | list[int]) -> torch.Tensor:
     p = _checks.positions(perm, max_dim=1, name="perm")
     n = p.shape[0]
     if not torch.equal(torch.sort(p).values, torch.arange(n)):
-        raise ValueError(f"perm must be a permutation of 0..{n - 1}, got {p.tolist()}")
+        raise InputError(f"perm must be a permutation of 0..{n - 1}, got {p.tolist()}")
     return torch.eye(n, dtype=torch.float64)[p]
 
 
@@ -145,7 +146,7 @@ def make_encoding(
         kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE).
     """
     if name in INPUT_ENCODINGS:
-        raise ValueError(
+        raise InputError(
             f"encoding {name!r} is added to the token embeddings, not inside attention: use "
             f"posemb.{'SinusoidalEmbedding' if name == 'sinusoidal' else 'LearnedEmbedding'} on "
             f"the input and encoding='nope' here"
@@ -159,7 +160,7 @@ def make_encoding(
         "fire": lambda: FireBias(num_heads, **kwargs),
     }
     if name not in builders:
-        raise ValueError(
+        raise InputError(
             f"unknown encoding {name!r}; known: {', '.join(ATTENTION_ENCODINGS)} (and "
             f"{', '.join(INPUT_ENCODINGS)} at the input)"
         )
@@ -222,9 +223,9 @@ class PositionalAttention(nn.Module):
             self.kind = "bias"
             heads = enc.num_heads
             if heads != num_heads:
-                raise ValueError(f"the bias encoding has {heads} heads, attention has {num_heads}")
+                raise InputError(f"the bias encoding has {heads} heads, attention has {num_heads}")
         else:
-            raise ValueError(
+            raise InputError(
                 f"encoding must be a name ({', '.join(ATTENTION_ENCODINGS)}), a posemb encoding "
                 f"module or None, got {type(encoding).__name__}"
             )
@@ -255,10 +256,10 @@ class PositionalAttention(nn.Module):
         """
         _checks.float_tensor("v", v)
         if v.dim() != 4:
-            raise ValueError(f"v must have shape (batch, heads, seq, dim), got {tuple(v.shape)}")
+            raise InputError(f"v must have shape (batch, heads, seq, dim), got {tuple(v.shape)}")
         q, k, attn, is_causal = self._prepare(q, k, positions, k_positions, key_padding_mask)
         if v.shape[:3] != k.shape[:3]:
-            raise ValueError(
+            raise InputError(
                 f"k and v must be (batch={q.shape[0]}, kv_heads dividing {q.shape[1]}, k_len, "
                 f"...), got k {tuple(k.shape)} and v {tuple(v.shape)}"
             )
@@ -316,17 +317,17 @@ class PositionalAttention(nn.Module):
         for name, t in (("q", q), ("k", k)):
             _checks.float_tensor(name, t)
             if t.dim() != 4:
-                raise ValueError(
+                raise InputError(
                     f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}"
                 )
         b, hq, q_len, d = q.shape
         if d != self.head_dim or k.shape[-1] != d or hq != self.num_heads:
-            raise ValueError(
+            raise InputError(
                 f"q and k must have {self.num_heads} / any heads and head_dim {self.head_dim}, "
                 f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
         if k.shape[0] != b or hq % k.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"k must be (batch={b}, kv_heads dividing {hq}, k_len, head_dim), got k "
                 f"{tuple(k.shape)}"
             )
@@ -365,7 +366,7 @@ class PositionalAttention(nn.Module):
                 or pad.dtype != torch.bool
                 or pad.shape != (b, k_len)
             ):
-                raise ValueError(
+                raise InputError(
                     f"key_padding_mask must be a bool tensor of shape ({b}, {k_len}), True at "
                     f"padding, got {getattr(pad, 'dtype', type(pad).__name__)} "
                     f"{tuple(getattr(pad, 'shape', ()))}"

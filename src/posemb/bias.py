@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import _checks
+from ._errors import InputError
 
 
 def _pos(name: str, value: object) -> torch.Tensor:
@@ -86,7 +87,7 @@ def alibi_bias(
     """
     m = _checks.float_tensor("slopes", slopes)
     if m.dim() != 1:
-        raise ValueError(f"slopes must have shape (heads,), got {tuple(m.shape)}")
+        raise InputError(f"slopes must have shape (heads,), got {tuple(m.shape)}")
     rel = relative_positions(q_positions, k_positions).to(m.device).abs()
     if rel.dim() == 2:
         rel = rel[None]
@@ -135,14 +136,14 @@ def _check_buckets(num_buckets: object, max_distance: object, bidirectional: boo
     nb = _checks.positive_int("num_buckets", num_buckets)
     if nb < 2 or (bidirectional and nb < 4):
         need = 4 if bidirectional else 2
-        raise ValueError(
+        raise InputError(
             f"num_buckets must be >= {need} ({'half per direction, ' if bidirectional else ''}"
             f"half of those exact), got {nb}"
         )
     md = _checks.positive_int("max_distance", max_distance)
     exact = (nb // 2 if bidirectional else nb) // 2
     if md <= exact:
-        raise ValueError(
+        raise InputError(
             f"max_distance must exceed the {exact} exact buckets (num_buckets={nb}"
             f"{', bidirectional' if bidirectional else ''}): the log-spaced buckets span "
             f"distances {exact}..max_distance; got max_distance={md}"
@@ -316,7 +317,7 @@ def randomized_positions(
     n = _checks.positive_int("seq_len", seq_len)
     m = _checks.positive_int("max_len", max_len)
     if m < n:
-        raise ValueError(f"max_len must be >= seq_len = {n} to draw distinct positions, got {m}")
+        raise InputError(f"max_len must be >= seq_len = {n} to draw distinct positions, got {m}")
     _checks.positive_int("batch", batch)
     keys = torch.rand(batch, m, generator=generator)
     picked = keys.topk(n, dim=-1).indices

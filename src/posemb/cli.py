@@ -12,6 +12,8 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from ._errors import InputError
+
 
 def _verdict_note(row: dict[str, object]) -> str:
     verdict = row["verdict"]
@@ -110,7 +112,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         kv = kv or shape.num_kv_heads
         rotary = rotary or shape.rotary_dim
     if heads is None:
-        raise ValueError("--num-heads is required unless --config gives num_attention_heads")
+        raise InputError("--num-heads is required unless --config gives num_attention_heads")
     converted = hf.convert_checkpoint(
         args.input,
         args.output,
@@ -139,7 +141,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     one_off: dict[str, float] = {}
     if args.hf:
         if args.shapes:
-            raise ValueError("--shapes names kernel shapes; --hf times a fixed Llama setup")
+            raise InputError("--shapes names kernel shapes; --hf times a fixed Llama setup")
         rows: list = hf_bench.run(
             device=args.device,
             quick=args.quick,
@@ -211,13 +213,13 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     preset = args.preset
     if args.quick:
         if preset not in (None, "quick"):
-            raise ValueError(f"--quick is --preset quick; it cannot be used with --preset {preset}")
+            raise InputError(f"--quick is --preset quick; it cannot be used with --preset {preset}")
         preset = "quick"
     if preset == "gpu" and args.device in (None, "auto"):
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise InputError(
                 "--preset gpu trains on --device cuda, and no CUDA GPU is visible here; add "
                 "--device cpu to run it on the CPU anyway (hours to days), or use --preset quick"
             )
@@ -477,8 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except (ValueError, RuntimeError, MissingExtra) as err:
-        # Bad input (or a missing extra) is the user's to fix: one line, exit status 2.
+    except (InputError, MissingExtra) as err:
+        # Input posemb refuses (or a missing extra) is the user's to fix: one line, exit
+        # status 2. Anything else is a bug, in posemb or below it: its traceback is shown and
+        # the exit status is 1.
         print(f"posemb {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -24,6 +24,7 @@ import math
 import torch
 
 from . import _checks
+from ._errors import InputError
 
 TWO_PI = 2.0 * math.pi
 
@@ -88,7 +89,7 @@ def angles(positions: torch.Tensor | list[int] | int, inv_freq: torch.Tensor) ->
     pos = _checks.positions(positions)
     freqs = _checks.float_tensor("inv_freq", inv_freq)
     if freqs.dim() != 1:
-        raise ValueError(f"inv_freq must have shape (n,), got shape {tuple(freqs.shape)}")
+        raise InputError(f"inv_freq must have shape (n,), got shape {tuple(freqs.shape)}")
     dev = _angle_device(freqs.device)
     pos64 = pos.to(device=dev, dtype=torch.float64)
     theta = freqs.to(device=dev, dtype=torch.float64)

@@ -38,6 +38,7 @@ from torch import nn
 
 from . import _checks, kernels
 from . import scaling as _scaling
+from ._errors import InputError
 from .freqs import angles
 from .freqs import inv_freq as _inv_freq
 
@@ -52,7 +53,7 @@ def _section(section: object) -> tuple[int, int, int]:
     values = list(section) if isinstance(section, (list, tuple)) else []
     ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
     if len(values) != 3 or len(ints) != 3 or sum(ints) < 1:
-        raise ValueError(
+        raise InputError(
             "mrope_section must be three non-negative integers (temporal, height, width pairs) "
             f"with a positive sum, got {section!r}"
         )
@@ -78,11 +79,11 @@ def mrope_axes(section: Sequence[int], interleaved: bool = False) -> torch.Tenso
     s_t, s_h, s_w = _section(section)
     n = s_t + s_h + s_w
     if not isinstance(interleaved, bool):
-        raise ValueError(f"interleaved must be a bool, got {interleaved!r}")
+        raise InputError(f"interleaved must be a bool, got {interleaved!r}")
     if not interleaved:
         return torch.repeat_interleave(torch.arange(3), torch.tensor([s_t, s_h, s_w]))
     if 3 * s_h > n + 1 or 3 * s_w > n:
-        raise ValueError(
+        raise InputError(
             f"mrope_section={[s_t, s_h, s_w]} cannot be interleaved over {n} pairs: height takes "
             f"pairs 1, 4, 7, ... and width 2, 5, 8, ..., so allowed are 3*height <= {n + 1} and "
             f"3*width <= {n}"
@@ -138,7 +139,7 @@ def _positions_3d(positions: object, name: str = "positions") -> torch.Tensor:
         if pos.dim() == 3 and pos.shape[0] == 4
         else ""
     )
-    raise ValueError(
+    raise InputError(
         f"{name} must have shape (3, batch, seq) (temporal, height, width), (batch, seq) or "
         f"(seq,), got shape {tuple(pos.shape)}{hint}"
     )
@@ -162,15 +163,15 @@ def axial_angles(
     """
     n = inv_freq.shape[0] if inv_freq.dim() == 1 else -1
     if axes.dim() != 1 or axes.shape[0] != n:
-        raise ValueError(
+        raise InputError(
             f"axes must have shape (n,) matching inv_freq's {tuple(inv_freq.shape)}, got "
             f"{tuple(axes.shape)}"
         )
     pos = _checks.positions(positions)
     if pos.dim() < 1:
-        raise ValueError("positions must have shape (axes, ...), got a scalar")
+        raise InputError("positions must have shape (axes, ...), got a scalar")
     if n and (int(axes.min()) < 0 or int(axes.max()) >= pos.shape[0]):
-        raise ValueError(
+        raise InputError(
             f"axes must index the first dimension of positions (shape {tuple(pos.shape)}), "
             f"got values in [{int(axes.min())}, {int(axes.max())}]"
         )
@@ -213,7 +214,7 @@ def mrope_angles(
     freqs = _checks.float_tensor("inv_freq", inv_freq)
     axes = mrope_axes(section, interleaved)
     if freqs.dim() != 1 or freqs.shape[0] != axes.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"mrope_section {list(section)} covers {axes.shape[0]} pairs but inv_freq has shape "
             f"{tuple(freqs.shape)}; allowed are sections summing to rotary_dim/2 = len(inv_freq)"
         )
@@ -264,14 +265,14 @@ def _grid(name: str, grid: object, merge: int) -> list[tuple[int, int, int]]:
         if len(vals) != 3 or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals
         ):
-            raise ValueError(
+            raise InputError(
                 f"{name} must be (num_items, 3) positive integers (t, h, w in patches), "
                 f"got {grid!r}"
             )
         rows.append((vals[0], vals[1], vals[2]))
     for i, (t, h, w) in enumerate(rows):
         if h % merge or w % merge:
-            raise ValueError(
+            raise InputError(
                 f"{name}[{i}] = {[t, h, w]}: h and w must be divisible by "
                 f"spatial_merge_size = {merge} (the merger joins {merge}x{merge} patches)"
             )
@@ -345,25 +346,25 @@ def mrope_position_ids(
     """
     ids = _checks.positions(input_ids, name="input_ids")
     if ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (batch, seq), got {tuple(ids.shape)}")
+        raise InputError(f"input_ids must have shape (batch, seq), got {tuple(ids.shape)}")
     batch, seq = ids.shape
     if attention_mask is None:
         keep = torch.ones(batch, seq, dtype=torch.bool)
     else:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
             got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else None
-            raise ValueError(
+            raise InputError(
                 f"attention_mask must be a tensor of input_ids' shape {tuple(ids.shape)}, got {got}"
             )
         keep = attention_mask.bool().cpu()
     merge = _checks.positive_int("spatial_merge_size", spatial_merge_size)
     for name, tok in (("image_token_id", image_token_id), ("video_token_id", video_token_id)):
         if isinstance(tok, bool) or not isinstance(tok, int):
-            raise ValueError(f"{name} must be an int, got {tok!r}")
+            raise InputError(f"{name} must be an int, got {tok!r}")
     if image_token_id == video_token_id:
-        raise ValueError(f"image_token_id and video_token_id must differ, got {image_token_id}")
+        raise InputError(f"image_token_id and video_token_id must differ, got {image_token_id}")
     if text_after_vision not in TEXT_AFTER_VISION:
-        raise ValueError(
+        raise InputError(
             f"text_after_vision must be one of {', '.join(TEXT_AFTER_VISION)}, "
             f"got {text_after_vision!r}"
         )
@@ -372,7 +373,7 @@ def mrope_position_ids(
     if tokens_per_second is None:
         tps = 1.0
         if second_per_grid_ts is not None:
-            raise ValueError(
+            raise InputError(
                 "second_per_grid_ts needs tokens_per_second (Qwen2.5-VL's "
                 "vision_config.tokens_per_second); pass both or neither"
             )
@@ -387,7 +388,7 @@ def mrope_position_ids(
             else list(second_per_grid_ts)
         )
         if len(raw) != len(videos):
-            raise ValueError(
+            raise InputError(
                 f"second_per_grid_ts must have one value per video ({len(videos)}), got {len(raw)}"
             )
         seconds = [_checks.number("second_per_grid_ts", s, minimum=0.0) for s in raw]
@@ -423,7 +424,7 @@ def mrope_position_ids(
             left = length
             while left:
                 if used[kind] == len(queues[kind]):
-                    raise ValueError(
+                    raise InputError(
                         f"{grids[kind]} describes {len(queues[kind])} {names[kind]}s"
                         f"{' (frames)' if kind == 2 and frames_apart else ''} but input_ids hold "
                         f"more {names[kind]} tokens ({names[kind]}_token_id="
@@ -431,7 +432,7 @@ def mrope_position_ids(
                     )
                 t, gh, gw, step = queues[kind][used[kind]]
                 if t * gh * gw > left:
-                    raise ValueError(
+                    raise InputError(
                         f"{grids[kind]} row for {names[kind]} {used[kind]} fills {t * gh * gw} "
                         f"tokens (t*h*w/{merge}^2) but sequence {b} has a run of only {left} "
                         f"{names[kind]} tokens there"
@@ -456,13 +457,13 @@ def mrope_position_ids(
             deltas[b, 0] = int(pos.max()) + 1 - len(tokens)
     for kind in (1, 2):
         if used[kind] != len(queues[kind]):
-            raise ValueError(
+            raise InputError(
                 f"{grids[kind]} describes {len(queues[kind])} {names[kind]}s"
                 f"{' (frames)' if kind == 2 and frames_apart else ''} but input_ids hold tokens "
                 f"for {used[kind]}"
             )
     if vision_start_token_id is not None and starts != used[1] + used[2]:
-        raise ValueError(
+        raise InputError(
             f"image_grid_thw and video_grid_thw describe {used[1]} images and {used[2]} videos"
             f"{' (frames)' if frames_apart else ''} but input_ids hold {starts} vision_start "
             f"tokens (vision_start_token_id={vision_start_token_id}); allowed: one per item"
@@ -513,7 +514,7 @@ def vision_axes(head_dim: int) -> torch.Tensor:
     1 (column) for the rest; int64 ``(head_dim // 2,)``."""
     _checks.positive_int("head_dim", head_dim)
     if head_dim % 4:
-        raise ValueError(
+        raise InputError(
             f"head_dim must be a multiple of 4 (row and column pairs), got {head_dim!r}"
         )
     return torch.repeat_interleave(torch.arange(2), head_dim // 4)
@@ -543,7 +544,7 @@ def vision_cos_sin(
     """
     pos = _checks.positions(patch_positions, name="patch_positions")
     if pos.dim() != 2 or pos.shape[1] != 2:
-        raise ValueError(
+        raise InputError(
             f"patch_positions must have shape (N, 2) (row, column), got {tuple(pos.shape)}"
         )
     _checks.float_dtype("dtype", dtype)
@@ -603,13 +604,13 @@ class MRotaryEmbedding(nn.Module):
         self.interleaved = interleaved
         axes = mrope_axes(self.mrope_section, interleaved)
         if axes.shape[0] != self.rotary_dim // 2:
-            raise ValueError(
+            raise InputError(
                 f"mrope_section {list(self.mrope_section)} covers {axes.shape[0]} pairs; allowed "
                 f"are sections summing to rotary_dim/2 = {self.rotary_dim // 2}"
             )
         self.scaling = _scaling.check(scaling)
         if backend not in kernels.BACKENDS:
-            raise ValueError(
+            raise InputError(
                 f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
             )
         self.backend = backend
@@ -651,7 +652,7 @@ class MRotaryEmbedding(nn.Module):
     def _check(self, name: str, x: object) -> torch.Tensor:
         x = _checks.float_tensor(name, x)
         if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise ValueError(
+            raise InputError(
                 f"{name} must have shape (batch, heads, seq, head_dim={self.head_dim}), "
                 f"got shape {tuple(x.shape)}"
             )
@@ -679,7 +680,7 @@ class MRotaryEmbedding(nn.Module):
         q = self._check("q", q)
         k = self._check("k", k)
         if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-            raise ValueError(
+            raise InputError(
                 f"q and k must share batch and seq (they sit at the same positions), got "
                 f"q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
@@ -689,7 +690,7 @@ class MRotaryEmbedding(nn.Module):
         else:
             pos = _positions_3d(positions)
             if pos.shape[2] != seq or pos.shape[1] not in (1, batch):
-                raise ValueError(
+                raise InputError(
                     f"positions must cover (3, {batch} or 1, {seq}) for q of shape "
                     f"{tuple(q.shape)}, got {tuple(pos.shape)}"
                 )

@@ -26,6 +26,7 @@ from torch import nn
 
 from . import _checks, kernels
 from . import scaling as _scaling
+from ._errors import InputError
 from .freqs import angles, cos_sin
 from .kernels.layout import Layout, as_layout, pairs, unpairs
 from .kernels.reference import apply_rope  # noqa: F401  (public here as posemb.rope.apply_rope)
@@ -93,7 +94,7 @@ def rope_complex(
         or x.shape[-1] != 2 * inv_freq.shape[0]
         or x.shape[-2] != pos.shape[0]
     ):
-        raise ValueError(
+        raise InputError(
             f"x must have shape (..., {pos.shape[0]}, {2 * inv_freq.shape[0]}) for "
             f"{pos.shape[0]} positions and {inv_freq.shape[0]} frequencies, "
             f"got shape {tuple(x.shape)}"
@@ -165,7 +166,7 @@ class RotaryEmbedding(nn.Module):
         self.layout = as_layout(layout)
         self.scaling = _scaling.check(scaling)
         if backend not in kernels.BACKENDS:
-            raise ValueError(
+            raise InputError(
                 f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
             )
         self.backend = backend
@@ -274,7 +275,7 @@ class RotaryEmbedding(nn.Module):
     def _check(self, name: str, x: object) -> torch.Tensor:
         x = _checks.float_tensor(name, x)
         if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise ValueError(
+            raise InputError(
                 f"{name} must have shape (batch, heads, seq, head_dim={self.head_dim}), "
                 f"got shape {tuple(x.shape)}"
             )
@@ -312,7 +313,7 @@ class RotaryEmbedding(nn.Module):
         q = self._check("q", q)
         k = self._check("k", k)
         if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-            raise ValueError(
+            raise InputError(
                 f"q and k must share batch and seq (they sit at the same positions), got "
                 f"q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
@@ -394,7 +395,7 @@ class XPos(RotaryEmbedding):
         self.gamma = _checks.number("gamma", gamma, minimum=0.0, strict=True)
         self.scale_base = _checks.number("scale_base", scale_base, minimum=0.0, strict=True)
         if center is not None and (isinstance(center, bool) or not isinstance(center, int)):
-            raise ValueError(f"center must be an integer position or None, got {center!r}")
+            raise InputError(f"center must be an integer position or None, got {center!r}")
         self.center = center
 
     def scales(
@@ -416,7 +417,7 @@ class XPos(RotaryEmbedding):
     def _fixed_center(self, center: int | None) -> int:
         c = self.center if center is None else center
         if c is None:
-            raise ValueError(
+            raise InputError(
                 "this XPos has center=None (it follows each call); rotating one side alone "
                 "needs center= given, the same for queries and keys"
             )
@@ -425,7 +426,7 @@ class XPos(RotaryEmbedding):
     @staticmethod
     def _sign(role: str) -> float:
         if role not in XPOS_ROLES:
-            raise ValueError(
+            raise InputError(
                 f"role must be 'query' or 'key' (xPos scales them oppositely), got {role!r}"
             )
         return 1.0 if role == "query" else -1.0
@@ -465,7 +466,7 @@ class XPos(RotaryEmbedding):
         """
         self._sign(role)
         if inplace:
-            raise ValueError("XPos does not rotate in place (q and k take different scales)")
+            raise InputError("XPos does not rotate in place (q and k take different scales)")
         x = self._check("x", x)
         pos = self._positions(x, positions)
         c, s = self._scaled_tables(x, pos, role, self._fixed_center(center))
@@ -492,13 +493,13 @@ class XPos(RotaryEmbedding):
             ``(q, k)``.
         """
         if inplace:
-            raise ValueError("XPos does not rotate in place (q and k take different scales)")
+            raise InputError("XPos does not rotate in place (q and k take different scales)")
         q = self._check("q", q)
         k = self._check("k", k)
         qp = self._positions(q, positions)
         same = k_positions is None
         if same and k.shape[2] != q.shape[2]:
-            raise ValueError("k_positions is required when k and q differ in length")
+            raise InputError("k_positions is required when k and q differ in length")
         kp = qp if same else self._positions(k, k_positions)
         center = self.center
         if center is None:  # the middle of this call's sequence, shared by both sides
@@ -547,7 +548,7 @@ def permute_layout(
     _checks.positive_int("num_heads", num_heads)
     lay = as_layout(to)
     if w.dim() not in (1, 2) or w.shape[0] % num_heads:
-        raise ValueError(
+        raise InputError(
             f"weight must be (num_heads * head_dim, in_features) or (num_heads * head_dim,) with "
             f"rows divisible by num_heads = {num_heads}, got shape {tuple(w.shape)}"
         )
@@ -555,7 +556,7 @@ def permute_layout(
     r = head_dim if rotary_dim is None else rotary_dim
     _checks.even_int("rotary_dim", r)
     if r > head_dim:
-        raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim!r}")
+        raise InputError(f"rotary_dim must be <= head_dim = {head_dim}, got {rotary_dim!r}")
     half = torch.arange(r // 2)
     if lay is Layout.HALF:
         within = torch.cat((2 * half, 2 * half + 1))

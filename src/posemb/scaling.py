@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from . import _checks
+from ._errors import InputError
 from .freqs import inv_freq as _default_inv_freq
 
 F64 = torch.float64
@@ -39,9 +40,9 @@ def _length(cls: str, name: str, value: object) -> int:
 
 def _need_pairs(cls: str, rotary_dim: int, minimum: int = 2) -> None:
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < minimum:
-        raise ValueError(f"{cls} needs an even rotary_dim >= {minimum}, got {rotary_dim!r}")
+        raise InputError(f"{cls} needs an even rotary_dim >= {minimum}, got {rotary_dim!r}")
     if rotary_dim % 2:
-        raise ValueError(f"{cls} needs an even rotary_dim (pairs rotate), got {rotary_dim}")
+        raise InputError(f"{cls} needs an even rotary_dim (pairs rotate), got {rotary_dim}")
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ class Yarn(RopeScaling):
         # Equal betas are a hard step between kept and interpolated pairs; Kimi K2's published
         # config uses beta_fast = beta_slow = 1.
         if self.beta_fast < self.beta_slow:
-            raise ValueError(
+            raise InputError(
                 f"Yarn.beta_fast must not be less than beta_slow (pairs turning more than "
                 f"beta_fast times are kept, fewer than beta_slow interpolated), got beta_fast="
                 f"{self.beta_fast!r}, beta_slow={self.beta_slow!r}"
@@ -290,7 +291,7 @@ class Yarn(RopeScaling):
         if self.attention_factor is not None:
             _number("Yarn", "attention_factor", self.attention_factor, minimum=0.0, strict=True)
         if not isinstance(self.truncate, bool):
-            raise ValueError(f"Yarn.truncate must be true or false, got {self.truncate!r}")
+            raise InputError(f"Yarn.truncate must be true or false, got {self.truncate!r}")
 
     def _ramp(self, rotary_dim: int, base: float) -> torch.Tensor:
         """0 where a pair extrapolates (keeps theta_i), 1 where it interpolates, linear between."""
@@ -367,7 +368,7 @@ class Llama3(RopeScaling):
         _number("Llama3", "low_freq_factor", self.low_freq_factor, minimum=0.0, strict=True)
         _number("Llama3", "high_freq_factor", self.high_freq_factor, minimum=0.0, strict=True)
         if self.low_freq_factor > self.high_freq_factor:
-            raise ValueError(
+            raise InputError(
                 f"Llama3.low_freq_factor must not exceed high_freq_factor, got "
                 f"low_freq_factor={self.low_freq_factor!r}, "
                 f"high_freq_factor={self.high_freq_factor!r}"
@@ -407,7 +408,7 @@ class Llama3(RopeScaling):
 
 def _factors(cls: str, name: str, value: object) -> tuple[float, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{cls}.{name} must be a list of numbers, got {value!r}")
+        raise InputError(f"{cls}.{name} must be a list of numbers, got {value!r}")
     return tuple(
         _number(cls, f"{name}[{i}]", v, minimum=0.0, strict=True) for i, v in enumerate(value)
     )
@@ -449,7 +450,7 @@ class LongRope(RopeScaling):
             self, "long_factor", _factors("LongRope", "long_factor", self.long_factor)
         )
         if len(self.short_factor) != len(self.long_factor):
-            raise ValueError(
+            raise InputError(
                 f"LongRope.short_factor and long_factor must have the same length (rotary_dim/2), "
                 f"got {len(self.short_factor)} and {len(self.long_factor)}"
             )
@@ -477,7 +478,7 @@ class LongRope(RopeScaling):
     ) -> tuple[torch.Tensor, float]:
         inv, _ = Default().compute(rotary_dim, base)
         if len(self.short_factor) != rotary_dim // 2:
-            raise ValueError(
+            raise InputError(
                 f"LongRope.short_factor and long_factor have {len(self.short_factor)} entries; "
                 f"rotary_dim {rotary_dim} needs {rotary_dim // 2}"
             )
@@ -512,7 +513,7 @@ class Proportional(RopeScaling):
             "Proportional", "partial_rotary_factor", self.partial_rotary_factor, minimum=0.0
         )
         if p > 1:
-            raise ValueError(
+            raise InputError(
                 "Proportional.partial_rotary_factor must be in [0, 1], "
                 f"got {self.partial_rotary_factor!r}"
             )
@@ -543,7 +544,7 @@ def check(scaling: object) -> RopeScaling:
         return Default()
     if not isinstance(scaling, RopeScaling):
         names = ", ".join(cls.__name__ for cls in SCALINGS.values())
-        raise ValueError(
+        raise InputError(
             f"scaling must be a posemb.scaling object ({names}) or None, "
             f"got {type(scaling).__name__}"
         )

@@ -34,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from . import _checks
+from ._errors import InputError
 from .freqs import _angle_device
 
 F64 = torch.float64
@@ -46,7 +47,7 @@ def _check_not_negative(pos: torch.Tensor, what: str) -> None:
         return
     lowest = int(pos.min())
     if lowest < 0:
-        raise ValueError(
+        raise InputError(
             f"{what} is defined for positions >= 0 (token indices), got position {lowest}"
         )
 
@@ -249,7 +250,7 @@ def check(temperature: object) -> QueryTemperature | None:
     if temperature is None or isinstance(temperature, QueryTemperature):
         return temperature
     names = ", ".join(cls.__name__ for cls in TEMPERATURES.values())
-    raise ValueError(
+    raise InputError(
         f"query_temperature must be a posemb.temperature object ({names}) or None, "
         f"got {type(temperature).__name__}"
     )

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._errors import InputError
 from .._extras import require
 from .._version import __version__
 
@@ -287,12 +288,12 @@ def run(
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dtype not in dtypes:
-        raise ValueError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+        raise InputError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+        raise InputError("--device cuda: no CUDA device is available here")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        raise InputError(f"device must be cpu or cuda, got {device!r}")
     setup = QUICK if quick else Setup()
     from transformers import LlamaForCausalLM
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import kernels
+from .._errors import InputError
 from .._io import atomic_write_bytes
 from .._version import __version__
 from ..kernels.reference import apply_rope
@@ -254,14 +255,14 @@ def run(
     """
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+        raise InputError("--device cuda: no CUDA device is available here")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        raise InputError(f"device must be cpu or cuda, got {device!r}")
     table = QUICK_SHAPES if quick else SHAPES
     names = shapes or list(table)
     for n in names:
         if n not in table:
-            raise ValueError(f"unknown shape {n!r}; known: {', '.join(table)}")
+            raise InputError(f"unknown shape {n!r}; known: {', '.join(table)}")
     reps = repeats or (2 if quick else (5 if dev.type == "cpu" else 50))
     one_off: dict[str, float] = {}
     cpu_op = None

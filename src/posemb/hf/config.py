@@ -24,9 +24,10 @@ import torch
 from .. import _checks, _extras, _io
 from .. import scaling as sc
 from .. import temperature as _temperature
+from .._errors import InputError
 from ..rope import Layout, RotaryEmbedding
 from ..temperature import QueryTemperature
-from .families import Family, family_for, partial_default
+from .families import CLASS_HEAD_DIM, Family, family_for, partial_default
 
 ROPE_TYPES = (
     "default",
@@ -165,7 +166,7 @@ class ModelRope:
         names = [k.layer_type for k in self.kinds]
         if not self.per_layer_type:
             if layer_type is not None:
-                raise ValueError(
+                raise InputError(
                     f"layer_type {layer_type!r} given, but this config has one RoPE for every layer"
                 )
             return self.kinds[0]
@@ -175,14 +176,14 @@ class ModelRope:
             first = specs[0] if specs else None
             if first is not None and all(s is not None and s.same_rope(first) for s in specs):
                 return replace(with_rope[0], layer_type=None, spec=replace(first, layer_type=None))
-            raise ValueError(
+            raise InputError(
                 f"this config gives each layer type its own RoPE ({', '.join(map(repr, names))}); "
                 f"pass layer_type"
             )
         for k in self.kinds:
             if k.layer_type == layer_type:
                 return k
-        raise ValueError(
+        raise InputError(
             f"layer_type {layer_type!r} is not a layer type of this config; allowed: "
             f"{', '.join(map(repr, names))}"
         )
@@ -193,7 +194,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
     p = pathlib.Path(path)
     data = _io.read_json(p, "config file")
     if not isinstance(data, dict):
-        raise ValueError(
+        raise InputError(
             f"config file {str(p)!r} must hold a JSON object, got {type(data).__name__}"
         )
     return data
@@ -207,7 +208,7 @@ def _as_dict(config: object) -> dict[str, object]:
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
         return copy.deepcopy(dict(to_dict()))
-    raise ValueError(
+    raise InputError(
         "config must be a transformers config or a dict from config.json, "
         f"got {type(config).__name__}"
     )
@@ -230,7 +231,7 @@ def _text_part(d: dict[str, object]) -> tuple[dict[str, object], str]:
     for key in _TEXT_KEYS:
         sub = d.get(key)
         if sub is not None and not isinstance(sub, dict):
-            raise ValueError(f"{key} must be a JSON object (the text model's config), got {sub!r}")
+            raise InputError(f"{key} must be a JSON object (the text model's config), got {sub!r}")
         if sub:
             return sub, key
     return d, ""
@@ -240,7 +241,7 @@ def _model_type(d: dict[str, object], text: dict[str, object]) -> str | None:
     for where, cfg in (("text config", text), ("config", d)):
         mt = cfg.get("model_type")
         if mt is not None and not isinstance(mt, str):
-            raise ValueError(f"model_type in the {where} must be a string, got {mt!r}")
+            raise InputError(f"model_type in the {where} must be a string, got {mt!r}")
     mt = text.get("model_type", d.get("model_type"))
     return mt if isinstance(mt, str) else None
 
@@ -252,7 +253,7 @@ def _rope_dict(text: dict[str, object]) -> tuple[str, dict[str, object], list[st
     for name in ("rope_parameters", "rope_scaling"):
         v = text.get(name)
         if v is not None and not isinstance(v, dict):
-            raise ValueError(f"{name} must be a JSON object or null, got {v!r}")
+            raise InputError(f"{name} must be a JSON object or null, got {v!r}")
         if v:
             found[name] = dict(v)
     if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
@@ -282,10 +283,10 @@ def _kinds(
             # is null or empty, as Llama 4's published configs leave it.
             raise _Missing("no_rope_layers")
         if not isinstance(flags, list) or not all(f in (0, 1) for f in flags):
-            raise ValueError(f"no_rope_layers must be a list of 0/1 per layer, got {flags!r}")
+            raise InputError(f"no_rope_layers must be a list of 0/1 per layer, got {flags!r}")
         layers = text.get("num_hidden_layers")
         if layers is not None and len(flags) != layers:
-            raise ValueError(
+            raise InputError(
                 f"no_rope_layers has {len(flags)} entries, but num_hidden_layers is {layers}: "
                 f"one 0/1 flag per layer"
             )
@@ -295,10 +296,10 @@ def _kinds(
     lt = text.get("layer_types")
     if lt is not None:
         if not isinstance(lt, list) or not lt or not all(isinstance(t, str) and t for t in lt):
-            raise ValueError(f"layer_types must be a non-empty list of names, got {lt!r}")
+            raise InputError(f"layer_types must be a non-empty list of names, got {lt!r}")
         layers = text.get("num_hidden_layers")
         if isinstance(layers, int) and len(lt) != layers:
-            raise ValueError(
+            raise InputError(
                 f"layer_types has {len(lt)} entries, but num_hidden_layers is {layers}: one "
                 f"layer type per layer"
             )
@@ -323,7 +324,7 @@ def _check_keys(
         k = unknown[0]
         close = difflib.get_close_matches(k, sorted(allowed), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
+        raise InputError(
             f"{where}[{k!r}] is not read by rope_type {rope_type!r}{hint}; allowed keys: "
             f"{', '.join(sorted(allowed))} (strict=False / --lenient ignores it with a warning)"
         )
@@ -335,7 +336,9 @@ def _check_keys(
     return [f"ignored keys (lenient): {', '.join(unknown)}"]
 
 
-def _head_dim(text: dict[str, object], fam: Family, layer_type: str | None) -> tuple[int, str]:
+def _head_dim(
+    text: dict[str, object], fam: Family, layer_type: str | None, model_type: str | None
+) -> tuple[int, str]:
     """Channels the RoPE acts on, and the key that said so."""
     if fam.rope_head_dim_key is not None:
         v = text.get(fam.rope_head_dim_key)
@@ -349,6 +352,8 @@ def _head_dim(text: dict[str, object], fam: Family, layer_type: str | None) -> t
         return _int(key, text[key]), key
     if text.get("head_dim") is not None:
         return _int("head_dim", text["head_dim"]), "head_dim"
+    if model_type in CLASS_HEAD_DIM:
+        raise _Missing("head_dim")  # its class's own default, read through the class
     hidden = text.get("hidden_size", text.get("n_embd"))
     heads = text.get("num_attention_heads", text.get("n_head"))
     if hidden is None:
@@ -363,7 +368,7 @@ def _agree(key: str, value: object, generic: str, generic_value: object, fam: Fa
     if generic_value is None or generic_value == value:
         return
     said = "absent" if value is None else f"{value!r}"
-    raise ValueError(
+    raise InputError(
         f"{generic} is {generic_value!r}, but {fam.name}'s config class reads {key} ({said}) and "
         f"ignores {generic}; give {key} the intended value (or make them agree)"
     )
@@ -390,17 +395,17 @@ def _read_kind(
         and legacy
         and aliases.get(legacy, legacy) != aliases.get(p["rope_type"], p["rope_type"])  # type: ignore[call-overload]
     ):
-        raise ValueError(
+        raise InputError(
             f"{src}['rope_type'] is {p['rope_type']!r} but {src}['type'] is {legacy!r}; "
             f"they must agree (or give only rope_type)"
         )
     if not isinstance(raw_type, str):
-        raise ValueError(f"{src}['rope_type'] must be a string, got {raw_type!r}")
+        raise InputError(f"{src}['rope_type'] must be a string, got {raw_type!r}")
     rope_type = fam.rope_type_aliases.get(raw_type, raw_type)
     if rope_type != raw_type:
         notes.append(f"legacy rope type {raw_type!r} read as {rope_type!r}")
     if rope_type not in ROPE_TYPES:
-        raise ValueError(
+        raise InputError(
             f"{src}['rope_type'] is {raw_type!r}; known rope types: {', '.join(ROPE_TYPES)}"
         )
     if rope_type == "ntk":
@@ -433,7 +438,7 @@ def _read_kind(
     # are named first.
     base = None if theta is None else _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
 
-    head_dim, _ = _head_dim(text, fam, layer_type)
+    head_dim, _ = _head_dim(text, fam, layer_type, model_type)
     partial_raw = p.get("partial_rotary_factor")
     if partial_raw is None and fam.partial_key is not None:
         partial_raw = text.get(fam.partial_key)
@@ -447,7 +452,21 @@ def _read_kind(
     elif partial_raw is None:
         partial_raw = text.get("partial_rotary_factor")
     class_partial = partial_default(model_type, fam)
-    if partial_raw is None and class_partial is not None:
+    # An explicit null is not an absent key: transformers then rotates the whole head (Phi-2
+    # and StableLM 2 with "partial_rotary_factor": null), where a missing key gets the class's
+    # default.
+    places = (
+        (p, "partial_rotary_factor"),
+        (text, "partial_rotary_factor"),
+        (text, fam.partial_key),
+    )
+    said_null = any(k is not None and k in where and where[k] is None for where, k in places)
+    if partial_raw is None and class_partial is not None and said_null:
+        notes.append(
+            f"partial_rotary_factor is null: the whole head rotates, as in transformers 5.24 "
+            f"(the {model_type!r} class default {class_partial} is for a file without the key)"
+        )
+    elif partial_raw is None and class_partial is not None:
         partial_raw = class_partial
         notes.append(
             f"partial_rotary_factor not set: the {model_type!r} class default {class_partial} "
@@ -457,17 +476,17 @@ def _read_kind(
     # check below rejects it.
     partial = 1.0 if partial_raw is None else _num("partial_rotary_factor", partial_raw, minimum=0)
     if partial > 1:
-        raise ValueError(f"partial_rotary_factor must be in [0, 1], got {partial!r}")
+        raise InputError(f"partial_rotary_factor must be in [0, 1], got {partial!r}")
     if fam.rotary_dim_key is not None:
         rd = text.get(fam.rotary_dim_key)
         if rd is None:
-            raise ValueError(
+            raise InputError(
                 f"{fam.rotary_dim_key} is null: transformers' {fam.tested_with.split(' ')[0]} then "
                 f"forms frequencies over hidden_size, not the head; posemb does not read this"
             )
         rotary_dim = _int(fam.rotary_dim_key, rd)
         if rotary_dim > head_dim:
-            raise ValueError(
+            raise InputError(
                 f"{fam.rotary_dim_key} {rotary_dim} exceeds the head dimension {head_dim}"
             )
     elif rope_type == "proportional":
@@ -475,7 +494,7 @@ def _read_kind(
     else:
         rotary_dim = int(head_dim * partial)
     if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(
+        raise InputError(
             f"rotary dimension int(head_dim * partial_rotary_factor) = {rotary_dim} must be even "
             f"and >= 2 (head_dim={head_dim}, partial_rotary_factor={partial})"
         )
@@ -484,7 +503,7 @@ def _read_kind(
     if fam.layout_key is not None and text.get(fam.layout_key) is not None:
         flag = text[fam.layout_key]
         if not isinstance(flag, bool):
-            raise ValueError(f"{fam.layout_key} must be true or false, got {flag!r}")
+            raise InputError(f"{fam.layout_key} must be true or false, got {flag!r}")
         layout = Layout.INTERLEAVED if flag else Layout.HALF
 
     max_pos = text.get("max_position_embeddings", text.get("n_positions"))
@@ -495,7 +514,7 @@ def _read_kind(
         raw_orig = p.get("original_max_position_embeddings")
     orig = None if raw_orig is None else _int("original_max_position_embeddings", raw_orig)
     if rope_type in ("yarn", "llama3", "longrope") and orig is None:
-        raise ValueError(
+        raise InputError(
             f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
             f"the pre-training context length (a positive integer)"
         )
@@ -509,17 +528,17 @@ def _read_kind(
     if p.get("mrope_section") is not None:
         raw = p["mrope_section"]
         if not (isinstance(raw, list) and len(raw) == 3):
-            raise ValueError(f"{src}['mrope_section'] must be a list of 3 integers, got {raw!r}")
+            raise InputError(f"{src}['mrope_section'] must be a list of 3 integers, got {raw!r}")
         s0, s1, s2 = (_int(f"{src}['mrope_section'][{i}]", x) for i, x in enumerate(raw))
         section = (s0, s1, s2)
         if sum(section) != rotary_dim // 2:
-            raise ValueError(
+            raise InputError(
                 f"{src}['mrope_section'] {list(section)} sums to {sum(section)}, but the rotary "
                 f"dimension has {rotary_dim // 2} pairs"
             )
         flag = p.get("mrope_interleaved", False)
         if not isinstance(flag, bool):
-            raise ValueError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
+            raise InputError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
         interleaved = flag
         if fam.mrope_assignment is not None:
             # No transformers module reads mrope_interleaved: each family's code fixes it.
@@ -576,7 +595,7 @@ def _scaling(
         f = p.get("factor")
         if f is None:
             if required:
-                raise ValueError(
+                raise InputError(
                     f"{src}['factor'] is missing: rope_type {rope_type!r} needs a number >= 1"
                 )
             return default
@@ -595,14 +614,14 @@ def _scaling(
             return sc.VllmNTK(factor())
         if rope_type == "dynamic":
             if max_pos is None:
-                raise ValueError(
+                raise InputError(
                     "max_position_embeddings is missing: rope_type 'dynamic' scales from it"
                 )
             return sc.DynamicNTK(factor(), max_pos)
         if rope_type == "yarn":
             truncate = p.get("truncate", True)
             if not isinstance(truncate, bool):
-                raise ValueError(f"{src}['truncate'] must be true or false, got {truncate!r}")
+                raise InputError(f"{src}['truncate'] must be true or false, got {truncate!r}")
             mscale, mscale_all = opt("mscale"), opt("mscale_all_dim")
             if p.get("attention_factor") is None and bool(mscale) != bool(mscale_all):
                 # transformers' _compute_yarn_parameters uses the pair only when both are set
@@ -626,7 +645,7 @@ def _scaling(
         if rope_type == "llama3":
             for key in ("low_freq_factor", "high_freq_factor"):
                 if p.get(key) is None:
-                    raise ValueError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
+                    raise InputError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
             return sc.Llama3(
                 factor(),
                 _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
@@ -644,13 +663,13 @@ def _scaling(
                     )
                 else:
                     got = f"{len(v)} entries" if isinstance(v, list) else repr(v)
-                    raise ValueError(
+                    raise InputError(
                         f"{src}[{key!r}] must be a list of rotary_dim/2 = {rotary_dim // 2} "
                         f"numbers, got {got}"
                     )
             derived = None if max_pos is None else max_pos / original
             if p.get("factor") is None and derived is None:
-                raise ValueError(
+                raise InputError(
                     f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
                     f"'longrope' needs one of them"
                 )
@@ -662,9 +681,9 @@ def _scaling(
                 attention_factor=opt("attention_factor"),
             )
         return sc.Proportional(partial, factor(required=False, default=1.0))
-    except ValueError as err:
+    except InputError as err:
         msg = str(err)
-        raise ValueError(msg if msg.startswith(src) else f"{src}: {msg}") from None
+        raise InputError(msg if msg.startswith(src) else f"{src}: {msg}") from None
 
 
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
@@ -673,7 +692,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     model_type = _model_type(d, text)
     fam = family_for(model_type, set(text))
     if fam.no_rope_unless is not None and text.get(fam.no_rope_unless):
-        raise ValueError(
+        raise InputError(
             f"model_type {model_type!r} with {fam.no_rope_unless}: true uses no RoPE; there is "
             f"nothing to read"
         )
@@ -692,7 +711,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         if tuning is None:
             raise _Missing("attn_temperature_tuning")
         if not isinstance(tuning, bool):
-            raise ValueError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
+            raise InputError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
         if tuning:
             for key in ("floor_scale", "attn_scale"):
                 if text.get(key) is None:
@@ -707,7 +726,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         # EXAONE 4's LLLG); reading one RoPE for all would be wrong on some layers.
         raise _Missing("layer_types")
     if fam.scaling_on is not None and not nested and src.endswith("rope_parameters") and params:
-        raise ValueError(
+        raise InputError(
             f"{src} is a single rope dict, which {fam.name}'s config class does not apply to any "
             f"layer type; give it as rope_scaling (the {fam.scaling_on} layers' scaling) or per "
             f"layer type"
@@ -719,7 +738,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     if fam.force_rope_key is not None:
         flag = text.get(fam.force_rope_key, False)
         if not isinstance(flag, bool):
-            raise ValueError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
+            raise InputError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
         force = flag
     for name, layers in kinds:
         where_kind = src if not nested else f"{src}[{name!r}]"
@@ -777,8 +796,23 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         spec = replace(spec, notes=tuple(notes) + spec.notes)
         kinds_out.append(LayerKind(name, spec, layers))
     if not any(k.spec is not None for k in kinds_out):
-        raise ValueError(f"model_type {model_type!r}: no layer of this config uses RoPE")
+        raise InputError(f"model_type {model_type!r}: no layer of this config uses RoPE")
     return ModelRope(model_type, fam.name, where, tuple(kinds_out))
+
+
+# Top-level keys of a config.json that no rope formula reads (dtype, quantization, code and
+# provenance), not handed to transformers' config class when posemb asks it for a default.
+_NOT_ROPE_KEYS = frozenset(
+    {
+        "torch_dtype",
+        "dtype",
+        "quantization_config",
+        "auto_map",
+        "architectures",
+        "transformers_version",
+        "_name_or_path",
+    }
+)
 
 
 def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict[str, object]:
@@ -796,11 +830,11 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
         ) from None
     outer_type = d.get("model_type")
     if not isinstance(outer_type, str):
-        raise ValueError(
+        raise InputError(
             f"{what} does not set {missing!r}, and without model_type no class default can be read"
         )
     if outer_type not in transformers.CONFIG_MAPPING:
-        raise ValueError(
+        raise InputError(
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} has no "
             f"config class for model_type {outer_type!r} to read its default from"
         )
@@ -808,21 +842,22 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
     # what matters in the spec's notes, so they are silenced for this one call.
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
+    # Keys that say nothing about RoPE are left out: a bad one (a torch_dtype of 1e308) made
+    # the class raise IndexError converting it back to a string.
+    kept = {k: v for k, v in d.items() if k != "model_type" and k not in _NOT_ROPE_KEYS}
     try:
-        cfg = transformers.AutoConfig.for_model(
-            outer_type, **copy.deepcopy({k: v for k, v in d.items() if k != "model_type"})
-        )
-    except Exception as err:  # any failure inside transformers, said in one line
+        cfg = transformers.AutoConfig.for_model(outer_type, **copy.deepcopy(kept))
+        text = cfg.get_text_config(decoder=True)
+        out: dict[str, object] = dict(text.to_dict())
+    except Exception as err:  # transformers refused the dict: said in one line, chained
         said = " ".join(str(err).split())
         said = said if len(said) <= 300 else said[:297] + "..."
-        raise ValueError(
+        raise InputError(
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
             f"build its config to read the default ({type(err).__name__}: {said})"
-        ) from None
+        ) from err
     finally:
         transformers.logging.set_verbosity(verbosity)
-    text = cfg.get_text_config(decoder=True)
-    out: dict[str, object] = dict(text.to_dict())
     out["__resolved_from__"] = type(text).__name__
     return out
 
@@ -865,7 +900,7 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
     try:
         out = _read(filled, strict)
     except _Missing as again:
-        raise ValueError(
+        raise InputError(
             f"model_type {model_type!r}: {again.key!r} is missing even after transformers' "
             f"{cls} filled its defaults"
         ) from None
@@ -874,7 +909,7 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
     if not _mentions(d, "original_max_position_embeddings"):
         for k in out.kinds:
             if k.spec is not None and k.spec.rope_type in ("yarn", "llama3", "longrope"):
-                raise ValueError(
+                raise InputError(
                     f"original_max_position_embeddings is missing: rope_type "
                     f"{k.spec.rope_type!r} needs the pre-training context length (a positive "
                     f"integer)"
@@ -918,7 +953,7 @@ def rope_spec(config: object, layer_type: str | None = None, *, strict: bool = T
     """
     kind = model_rope(config, strict=strict).kind(layer_type)
     if kind.spec is None:
-        raise ValueError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
+        raise InputError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
     return kind.spec
 
 
@@ -989,7 +1024,7 @@ def attention_shape(config: object) -> AttentionShape:
     d = _as_dict(config)
     heads = d.get("num_attention_heads", d.get("n_heads"))
     if heads is None:
-        raise ValueError("config has neither num_attention_heads nor n_heads")
+        raise InputError("config has neither num_attention_heads nor n_heads")
     heads = _int("num_attention_heads", heads)
     kv = d.get("num_key_value_heads", d.get("n_kv_heads"))
     kv = heads if kv is None else _int("num_key_value_heads", kv)
@@ -1001,7 +1036,7 @@ def attention_shape(config: object) -> AttentionShape:
     elif d.get("dim") is not None:  # Meta's params.json: every channel of a head rotates
         dim = _int("dim", d["dim"])
         if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by n_heads {heads}")
+            raise InputError(f"dim {dim} is not divisible by n_heads {heads}")
         head_dim = dim // heads
     return AttentionShape(heads, kv, head_dim, rotary)
 

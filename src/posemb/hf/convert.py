@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from .. import _checks, _extras
+from .._errors import InputError
 from .._io import atomic_write
 from ..rope import Layout, permute_layout
 
@@ -49,27 +50,27 @@ def convert_qk_layout(
     try:
         q_re, k_re = re.compile(q_pattern), re.compile(k_pattern)
     except re.error as err:
-        raise ValueError(f"q/k pattern is not a valid regular expression: {err}") from None
+        raise InputError(f"q/k pattern is not a valid regular expression: {err}") from None
     out, converted = dict(tensors), []
     for name, t in tensors.items():
         heads = num_heads if q_re.search(name) else kv if k_re.search(name) else None
         if heads is None:
             continue
         if t.shape[0] % heads:
-            raise ValueError(
+            raise InputError(
                 f"tensor {name!r} has {t.shape[0]} rows, not divisible by its head count {heads}; "
                 f"check --num-heads/--num-kv-heads"
             )
         out[name] = permute_layout(t, heads, to, rotary_dim).contiguous()
         converted.append(name)
     if not converted:
-        raise ValueError(
+        raise InputError(
             f"no q/k projection tensors found (patterns {q_pattern!r} and {k_pattern!r}); fused "
             f"qkv weights are not supported, pass --q-pattern/--k-pattern for other names"
         )
     if not any(k_re.search(n) for n in converted) or not any(q_re.search(n) for n in converted):
         missing = "k" if not any(k_re.search(n) for n in converted) else "q"
-        raise ValueError(f"found q/k tensors but no {missing} projection; both must be converted")
+        raise InputError(f"found q/k tensors but no {missing} projection; both must be converted")
     return out, converted
 
 
@@ -100,13 +101,13 @@ def convert_checkpoint(
         raise _extras.missing(err, "posemb convert", "hf") from None
     src_p, dst_p = pathlib.Path(src), pathlib.Path(dst)
     if not src_p.is_file():
-        raise ValueError(f"input {str(src_p)!r} does not exist or is not a file")
+        raise InputError(f"input {str(src_p)!r} does not exist or is not a file")
     if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
-        raise ValueError(
+        raise InputError(
             f"output {str(dst_p)!r} is the input file; posemb never overwrites its input"
         )
     if dst_p.exists() and not overwrite:
-        raise ValueError(f"output {str(dst_p)!r} exists; pass --force to replace it")
+        raise InputError(f"output {str(dst_p)!r} exists; pass --force to replace it")
     # Checked before the (possibly many-GB) file is read, not only once it is in memory.
     _checks.positive_int("num_heads", num_heads)
     if num_kv_heads is not None:
@@ -116,9 +117,7 @@ def convert_checkpoint(
             metadata = f.metadata()
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except Exception as err:  # safetensors raises its own error types for bad headers
-        raise ValueError(
-            f"input {str(src_p)!r} is not a readable safetensors file: {err}"
-        ) from None
+        raise InputError(f"input {str(src_p)!r} is not a readable safetensors file: {err}") from err
     out, converted = convert_qk_layout(
         tensors, to, num_heads, num_kv_heads, rotary_dim, q_pattern, k_pattern
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .._errors import InputError
 from ..kernels.layout import Layout
 
 # Keys outside the rope parameters that change which channels rotate, at what base, or in which
@@ -421,6 +422,142 @@ PARTIAL_DEFAULTS: dict[str, float] = {
 }
 
 
+# Model types whose transformers 5.24 config class sets a head_dim of its own (Gemma's 256,
+# Qwen3's 128, ...) when a file has none, where most classes take hidden_size /
+# num_attention_heads. For these a file without head_dim is read through the class (as a
+# missing rope_theta is): deriving it read Gemma 2 2B as 288 channels where its class has 256.
+# tests/test_hf_families.py holds this set equal to every config class's behaviour.
+CLASS_HEAD_DIM: frozenset[str] = frozenset(
+    {
+        "afmoe",
+        "axk1",
+        "axk2",
+        "bailing_hybrid",
+        "beam",
+        "canary_decoder",
+        "cohere2_moe",
+        "cosmos3_edge_text",
+        "cwm",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "deepseek_v4",
+        "dia_decoder",
+        "dia_encoder",
+        "diffusion_gemma",
+        "diffusion_gemma_text",
+        "dory",
+        "embedding_gemma2",
+        "embedding_gemma2_text",
+        "ernie4_5",
+        "flint",
+        "fun_asr_nano",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "gemma3n_text",
+        "gemma4",
+        "gemma4_text",
+        "gemma4_unified",
+        "gemma4_unified_assistant",
+        "gemma4_unified_text",
+        "gemma4_vision",
+        "glm",
+        "glm4",
+        "glm_moe_dsa",
+        "gpt_oss",
+        "helium",
+        "higgs_audio_v2",
+        "hrm_text",
+        "hy_v3",
+        "hy_v4",
+        "hy_v4_vl",
+        "hy_v4_vl_text",
+        "inkling2",
+        "inkling2_loop",
+        "inkling2_loop_text",
+        "inkling2_text",
+        "inkling_mm_model",
+        "inkling_text",
+        "internlm3",
+        "iquestcoder",
+        "kimi_k25",
+        "kimi_linear",
+        "kolibri1",
+        "kosmos_2_5_vision_model",
+        "laguna",
+        "lara_mini",
+        "lfm3",
+        "lighton_ocr",
+        "llama4_text",
+        "longcat_flash",
+        "mellum",
+        "mimo_v2_flash",
+        "minicpm3",
+        "minimax_m2",
+        "minimax_m3_vl",
+        "minimax_m3_vl_text",
+        "ministral3",
+        "mistral3",
+        "mistral4",
+        "mistral_large4",
+        "mistral_large4_text",
+        "molmo2_adapter",
+        "molmo2_text",
+        "molmo2_vision",
+        "moss_transcribe_diarize",
+        "muse_glimmer",
+        "muse_glimmer_assistant",
+        "muse_glimmer_text",
+        "muse_spark_text",
+        "nemo_speechlm",
+        "nemotron_h",
+        "neomme",
+        "neucodec",
+        "openai_privacy_filter",
+        "paddleocr_vl",
+        "paddleocr_vl_text",
+        "pe_audio_encoder",
+        "pe_audio_video_encoder",
+        "pe_video_encoder",
+        "qwen2_5_omni_dit",
+        "qwen2_5_omni_talker",
+        "qwen3",
+        "qwen3_5_moe",
+        "qwen3_5_moe_text",
+        "qwen3_5_text",
+        "qwen3_next",
+        "qwen3_omni_moe_talker_code_predictor",
+        "qwen3_vl_text",
+        "qwen4_exp",
+        "qwen4_exp_text",
+        "sarvam_mla",
+        "sarvam_moe",
+        "seed_oss",
+        "shieldgemma2",
+        "solar_open",
+        "step3p5",
+        "step3p7",
+        "t5_gemma_module",
+        "t5gemma",
+        "t5gemma2",
+        "t5gemma2_decoder",
+        "t5gemma2_encoder",
+        "t5gemma2_text",
+        "timesfm",
+        "timesfm2_5",
+        "vaultgemma",
+        "voxtral",
+        "voxtral_realtime",
+        "voxtral_realtime_encoder",
+        "xcodec2",
+        "youtu",
+        "zaya",
+    }
+)
+
+
 def partial_default(model_type: str | None, fam: Family) -> float | None:
     """The class default of the rotary fraction when it is not 1 (None: it is 1)."""
     if fam.partial_default is not None:
@@ -467,14 +604,14 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
             rule does not read (reading around it would be silently wrong).
     """
     if model_type in REFUSED:
-        raise ValueError(
+        raise InputError(
             f"model_type {model_type!r} is not read by posemb: {REFUSED[model_type]} (see "
             f"posemb.hf.families.REFUSED)"
         )
     fam = _BY_TYPE.get(model_type or "", GENERIC)
     if fam is GENERIC and model_type in MROPE_MODEL_TYPES:
         # Every M-RoPE class is in a family above; a new one must say how it assigns axes.
-        raise ValueError(
+        raise InputError(
             f"model_type {model_type!r} uses multimodal RoPE with an assignment of pairs to "
             f"axes posemb has no rule for"
         )
@@ -484,7 +621,7 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
         stray = [k for k in stray if k != "rotary_dim"]
     if stray:
         readers = sorted({mt for f in FAMILIES if stray[0] in f.reads() for mt in f.model_types})
-        raise ValueError(
+        raise InputError(
             f"config key {stray[0]!r} changes the RoPE of the model types that use it "
             f"({', '.join(readers)}), but model_type is {model_type!r}, whose rule does not read "
             f"it; posemb refuses rather than ignore it (set model_type, or remove the key)"
@@ -493,6 +630,7 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
 
 
 __all__ = [
+    "CLASS_HEAD_DIM",
     "FAMILIES",
     "FAMILY_KEYS",
     "FLOAT32_TABLES",

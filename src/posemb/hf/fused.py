@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .. import kernels
+from .._errors import InputError
 from ..kernels.layout import Layout
 
 ROTATION = "apply_rotary_pos_emb"
@@ -69,7 +70,7 @@ def fused_rotation(
             qr, kr = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             return qr.transpose(1, 2), kr.transpose(1, 2)
         if unsqueeze_dim != 1:
-            raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+            raise InputError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
         if halved_tables:
             c, s = cos, sin
         elif layout is Layout.HALF:
@@ -255,7 +256,7 @@ def _rebuilt(fn: types.FunctionType, scope: dict[str, Any]) -> types.FunctionTyp
             for cell in fn.__closure__ or ()
         )
         if not any(c.cell_contents is new_inner for c in cells):
-            raise ValueError(f"cannot rebuild the decorator around {fn.__qualname__}")
+            raise InputError(f"cannot rebuild the decorator around {fn.__qualname__}")
         new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
         new.__wrapped__ = new_inner  # type: ignore[attr-defined]
     new.__kwdefaults__ = fn.__kwdefaults__
@@ -300,7 +301,7 @@ def _form_of(modeling: str, name: str, head_dim: int, rotary: int) -> _Form:
         if form.name == name and _agrees(original, form, head_dim, rotary):
             return form
     labels = "; ".join(f.label for f in FORMS if f.name == name)
-    raise ValueError(
+    raise InputError(
         f"{modeling}.{name} is none of the forms posemb fuses ({labels}); posemb does not fuse "
         f"it (patch_rotary without fused=True swaps the tables only)"
     )
@@ -323,7 +324,7 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
             continue  # vision towers' patch RoPE is left alone, as patch_rotary leaves it
         if len(fusable) < len(rotations):  # one would stay eager while claiming to be fused
             eager = sorted(set(rotations) - set(fusable))
-            raise ValueError(
+            raise InputError(
                 f"{type(module).__name__} rotates through {', '.join(eager)}, which posemb "
                 f"does not fuse (patch_rotary without fused=True swaps the tables only)"
             )
@@ -333,7 +334,7 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         chosen = tuple(forms[(modeling, r)] for r in sorted(fusable))
         plan.append((name, module, _rebuilt(forward, _shadow(modeling, chosen))))
     if not plan:
-        raise ValueError(
+        raise InputError(
             f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
             f"({', '.join(NAMES)})"
         )

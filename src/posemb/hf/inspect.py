@@ -6,6 +6,7 @@ import math
 from typing import TypedDict, cast
 
 from .. import _checks
+from .._errors import InputError
 from ..freqs import wavelengths
 from ..mrope import describe_mrope_axes
 from ..scaling import Default, Yarn
@@ -85,7 +86,7 @@ def inspect_report(
     """
     kind = model_rope(config, strict=strict).kind(layer_type)
     if kind.spec is None:
-        raise ValueError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
+        raise InputError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
     return _report(kind.spec, kind.layers, seq_len)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .. import _checks
+from .._errors import InputError
 from ..mrope import mrope_cos_sin
 from ..rope import RotaryEmbedding
 from .config import ModelRope, RopeSpec, model_rope
@@ -49,7 +50,7 @@ class HFRotaryEmbedding(nn.Module):
         self.model: ModelRope = model_rope(config)
         fam = family_for(self.model.model_type, set())
         if fam.tables == "table":
-            raise ValueError(
+            raise InputError(
                 f"{fam.name}'s rotary module hands out a stacked sin/cos buffer by position, not "
                 f"tables per call; patch_rotary does not replace it (hf.rotary_from_config gives "
                 f"posemb's module for the same config)"
@@ -63,7 +64,7 @@ class HFRotaryEmbedding(nn.Module):
             self.layer_types = tuple(str(k.layer_type) for k in kinds)
             for lt in self.layer_types:
                 if not lt or "." in lt:
-                    raise ValueError(
+                    raise InputError(
                         f"layer type {lt!r} cannot name a submodule: it must be non-empty and "
                         f"contain no '.'"
                     )
@@ -74,7 +75,7 @@ class HFRotaryEmbedding(nn.Module):
     def _spec(self, layer_type: str | None) -> tuple[str, RopeSpec]:
         kind = self.model.kind(layer_type)
         if kind.spec is None:
-            raise ValueError(f"layer_type {layer_type!r} has no RoPE: {kind.reason}")
+            raise InputError(f"layer_type {layer_type!r} has no RoPE: {kind.reason}")
         key = kind.layer_type or _EVERY_LAYER
         if layer_type is None and self.layer_types is not None:
             key = self.layer_types[0]  # every rotating kind shares this spec (kind() checked)
@@ -102,7 +103,7 @@ class HFRotaryEmbedding(nn.Module):
         compute = _checks.compute_dtype(x)
         if spec.mrope_section is not None:
             if not isinstance(position_ids, torch.Tensor):
-                raise ValueError("position_ids must be a tensor for multimodal RoPE")
+                raise InputError("position_ids must be a tensor for multimodal RoPE")
             seq_len = int(position_ids.max()) + 1 if position_ids.numel() else None
             inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base, seq_len)
             cos, sin = mrope_cos_sin(
@@ -169,10 +170,10 @@ def patch_rotary(model: nn.Module, fused: bool = False) -> list[str]:
             continue
         config = getattr(module, "config", None) or getattr(model, "config", None)
         if config is None:
-            raise ValueError(f"{name} ({cls}) has no config to read its RoPE from")
+            raise InputError(f"{name} ({cls}) has no config to read its RoPE from")
         found.append((name, module, HFRotaryEmbedding(config)))
     if not found:
-        raise ValueError(
+        raise InputError(
             "no module whose class name ends in 'RotaryEmbedding' was found to replace"
         )
     rebound: list[str] = []

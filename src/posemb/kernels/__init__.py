@@ -28,6 +28,7 @@ import logging
 import torch
 
 from .. import _checks, _extras, _renamed
+from .._errors import BackendUnavailable, InputError
 from . import cpu as _cpu
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
 from . import reference
@@ -77,7 +78,7 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     ``RuntimeError`` when an explicitly requested backend is not available.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     on_cuda = x.device.type == "cuda"
     if backend == "auto":
         if x.dtype not in _cpu.DTYPES:
@@ -93,25 +94,25 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
         return "reference"
     if backend == "cpu":
         if x.device.type != "cpu":
-            raise ValueError(f"backend='cpu' needs CPU tensors, got a tensor on {x.device}")
+            raise InputError(f"backend='cpu' needs CPU tensors, got a tensor on {x.device}")
         if x.dtype not in _cpu.DTYPES:
-            raise ValueError(f"backend='cpu' supports float32, bfloat16, float16, got {x.dtype}")
+            raise InputError(f"backend='cpu' supports float32, bfloat16, float16, got {x.dtype}")
         reason = _cpu.unavailable_reason()
         if reason is not None:
-            raise RuntimeError(f"backend='cpu' is unavailable: {reason}")
+            raise BackendUnavailable(f"backend='cpu' is unavailable: {reason}")
     if backend == "triton":
         reason = triton_unavailable_reason()
         if reason is not None:
-            raise RuntimeError(f"backend='triton' is unavailable: {reason}")
+            raise BackendUnavailable(f"backend='triton' is unavailable: {reason}")
         from .triton import interpreting
 
         if not on_cuda and not interpreting():
-            raise ValueError(
+            raise InputError(
                 f"backend='triton' needs CUDA tensors, got a tensor on {x.device} (set "
                 f"TRITON_INTERPRET=1 to run it on the CPU for testing)"
             )
         if x.dtype not in _cpu.DTYPES:
-            raise ValueError(f"backend='triton' supports float32, bfloat16, float16, got {x.dtype}")
+            raise InputError(f"backend='triton' supports float32, bfloat16, float16, got {x.dtype}")
     return backend
 
 
@@ -122,15 +123,15 @@ def _check_pair(q: object, k: object, varlen: bool) -> tuple[torch.Tensor, torch
     dims = 3 if varlen else 4
     for name, t in (("q", q), ("k", k)):
         if t.dim() != dims:
-            raise ValueError(f"{name} must have shape {want}, got shape {tuple(t.shape)}")
+            raise InputError(f"{name} must have shape {want}, got shape {tuple(t.shape)}")
         if t.numel() and t.stride(-1) != 1:
-            raise ValueError(
+            raise InputError(
                 f"{name} must have unit stride in its last dimension (got strides "
                 f"{t.stride()}); pass {name}.contiguous()"
             )
     same = (0, 2, 3) if not varlen else (0, 2)
     if any(q.shape[i] != k.shape[i] for i in same) or q.dtype != k.dtype or q.device != k.device:
-        raise ValueError(
+        raise InputError(
             f"q and k must agree in every dimension but heads, and in dtype and device; got "
             f"q {tuple(q.shape)} {q.dtype} {q.device}, k {tuple(k.shape)} {k.dtype} {k.device}"
         )
@@ -144,11 +145,11 @@ def _key_tables(
     if k_cos is None and k_sin is None:
         return None, None
     if k_cos is None or k_sin is None:
-        raise ValueError("k_cos and k_sin go together: pass both or neither")
+        raise InputError("k_cos and k_sin go together: pass both or neither")
     kc = _checks.float_tensor("k_cos", k_cos)
     ks = _checks.float_tensor("k_sin", k_sin)
     if kc.shape != cos.shape or ks.shape != cos.shape or kc.device != cos.device:
-        raise ValueError(
+        raise InputError(
             f"k_cos and k_sin must have cos's shape {tuple(cos.shape)} and device, got "
             f"{tuple(kc.shape)} and {tuple(ks.shape)}"
         )
@@ -176,7 +177,7 @@ def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def _refuse_inplace_grad(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> None:
     if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise ValueError(
+        raise InputError(
             "inplace=True rotates q and k in their own memory, which autograd cannot "
             "differentiate; use inplace=False for training, or run under torch.no_grad()"
         )
@@ -329,16 +330,16 @@ def rotate_cached(
     dev = q.device
     if varlen:
         if positions is not None:
-            raise ValueError("positions and cu_seqlens exclude each other: pass offsets instead")
+            raise InputError("positions and cu_seqlens exclude each other: pass offsets instead")
         cu = _checks.positions(cu_seqlens, max_dim=1, name="cu_seqlens").to(dev)
         total = q.shape[0]
         if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != total:
             shown = cu.tolist() if cu.numel() <= 8 else f"[{int(cu[0])}, ..., {int(cu[-1])}]"
-            raise ValueError(
+            raise InputError(
                 f"cu_seqlens must start at 0 and end at the total length {total}, got {shown}"
             )
         if bool((cu[1:] < cu[:-1]).any()):
-            raise ValueError("cu_seqlens must be non-decreasing (sequence starts in order)")
+            raise InputError("cu_seqlens must be non-decreasing (sequence starts in order)")
         batch, seq_len = cu.numel() - 1, int((cu[1:] - cu[:-1]).max())
     else:
         batch, seq_len, cu = q.shape[0], q.shape[2], None
@@ -354,7 +355,7 @@ def rotate_cached(
         else:
             off = _checks.positions(offsets, max_dim=1, name="offsets").to(dev)
             if off.shape[0] != batch:
-                raise ValueError(f"offsets must have shape ({batch},), got {tuple(off.shape)}")
+                raise InputError(f"offsets must have shape ({batch},), got {tuple(off.shape)}")
     rows = reference.table_rows(batch, seq_len, pos, off, cu, device=dev)
     _checks.within_table(
         rows,

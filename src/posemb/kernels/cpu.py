@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from .._errors import BackendUnavailable, InputError
 from . import build as _build
 
 logger = logging.getLogger("posemb.kernels")
@@ -197,10 +198,10 @@ def _choose_variant(lib: ctypes.CDLL) -> tuple[str, str, dict[str, bool]]:
             why += f" (it cannot run {', '.join(others)})"
         return best, why, runs
     if wanted not in names:
-        raise ValueError(f"{VARIANT_ENV} must be auto or one of {', '.join(names)}, got {wanted!r}")
+        raise InputError(f"{VARIANT_ENV} must be auto or one of {', '.join(names)}, got {wanted!r}")
     if not runs[wanted]:
         can = [n for n in names if runs[n]]
-        raise ValueError(
+        raise InputError(
             f"{VARIANT_ENV}={wanted}: this CPU cannot run the {wanted} variant; it can run "
             f"{', '.join(can)}"
         )
@@ -313,11 +314,11 @@ def use_variant(name: str) -> str:
     global _loaded
     loaded = load()
     if loaded is None:
-        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
+        raise BackendUnavailable(f"the fused CPU RoPE op is unavailable: {_error}")
     if name not in loaded.variants:
-        raise ValueError(f"variant must be one of {', '.join(loaded.variants)}, got {name!r}")
+        raise InputError(f"variant must be one of {', '.join(loaded.variants)}, got {name!r}")
     if not loaded.variants[name]:
-        raise ValueError(f"this CPU cannot run the {name} variant")
+        raise InputError(f"this CPU cannot run the {name} variant")
     lib = ctypes.CDLL(loaded.path)
     lib.posemb_variant_use(list(loaded.variants).index(name))
     _loaded = dataclasses.replace(loaded, variant=name, variant_reason="set by use_variant")
@@ -435,7 +436,7 @@ def rope_apply(
         ``out``.
     """
     if load() is None:
-        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_error}")
+        raise BackendUnavailable(f"the fused CPU RoPE op is unavailable: {_error}")
     none = x[:, :0]  # a side with no heads costs nothing
     if out is x:
         torch.ops.posemb.rotate_cpu_(x, none, cos, sin, None, None, interleaved, conjugate)

@@ -10,6 +10,8 @@ import enum
 
 import torch
 
+from .._errors import InputError
+
 
 class Layout(str, enum.Enum):
     """Which channels of a head form a rotation plane."""
@@ -26,7 +28,7 @@ def as_layout(layout: object) -> Layout:
         return Layout(layout)
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in Layout)
-        raise ValueError(f"layout must be a posemb.Layout ({allowed}), got {layout!r}") from None
+        raise InputError(f"layout must be a posemb.Layout ({allowed}), got {layout!r}") from None
 
 
 def pairs(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._errors import BackendUnavailable
 from . import cpu as _cpu
 
 
@@ -63,7 +64,9 @@ def rotate_cpu_(
 
 def _require() -> None:
     if _cpu.load() is None:
-        raise RuntimeError(f"the fused CPU RoPE op is unavailable: {_cpu.unavailable_reason()}")
+        raise BackendUnavailable(
+            f"the fused CPU RoPE op is unavailable: {_cpu.unavailable_reason()}"
+        )
 
 
 def _fake_rotate_cpu(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from .._errors import InputError
 from .layout import Layout, as_layout, pairs, unpairs
 
 
 def _check_rope_input(x: object, cos: object, sin: object) -> tuple[torch.Tensor, int]:
     x = _checks.float_tensor("x", x)
     if x.dim() != 4:
-        raise ValueError(
+        raise InputError(
             f"x must have shape (batch, heads, seq, head_dim), got shape {tuple(x.shape)}"
         )
     cos_t, _, n = _checks.cos_sin_tables(cos, sin, x)

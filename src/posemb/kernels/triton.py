@@ -26,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from .._errors import InputError
 from .ops import backward_by_conjugate, setup_context
 
 
@@ -200,7 +201,7 @@ def launch(
     head_dim = q.shape[-1]
     if cu_seqlens is not None:
         if max_seqlen is None:
-            raise ValueError("max_seqlen is required with cu_seqlens")
+            raise InputError("max_seqlen is required with cu_seqlens")
         batch, seq_len = cu_seqlens.shape[0] - 1, int(max_seqlen)
     else:
         batch, seq_len = q.shape[0], q.shape[2]

@@ -19,6 +19,8 @@ from importlib import resources
 
 import torch
 
+from .._errors import InputError
+
 DEFAULT = "kjv"
 
 
@@ -53,16 +55,16 @@ def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
         return DEFAULT, lzma.decompress(data).decode("utf-8")
     p = os.fspath(path)
     if not os.path.isfile(p):
-        raise ValueError(f"corpus {p!r} does not exist or is not a file")
+        raise InputError(f"corpus {p!r} does not exist or is not a file")
     try:
         with open(p, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError as err:
-        raise ValueError(
+        raise InputError(
             f"corpus {p!r} is not UTF-8 text (byte {err.start}: {err.reason})"
         ) from None
     if not text.strip():
-        raise ValueError(f"corpus {p!r} is empty")
+        raise InputError(f"corpus {p!r} is empty")
     return os.path.basename(p), text
 
 
@@ -87,7 +89,7 @@ def load(
     ids = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
     split = len(text) - max(math.ceil(len(text) * held_out), 1)
     if len(text) - split < min_held_out or split < min_held_out:
-        raise ValueError(
+        raise InputError(
             f"corpus {name!r} has {len(text):,} characters: too short for evaluation windows of "
             f"{min_held_out:,} characters (needs {min_held_out:,} held out and as many to train on)"
         )

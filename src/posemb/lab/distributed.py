@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._errors import InputError
 from .train import train
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -43,11 +44,11 @@ def resolve_device(name: str) -> str:
     Raises ``ValueError`` for an unknown name, or ``cuda`` where no CUDA GPU is visible.
     """
     if name not in DEVICES:
-        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
+        raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise InputError(
             "--device cuda needs a CUDA GPU, and none is visible here "
             "(torch.cuda.is_available() is False); use --device cpu or --device auto"
         )
@@ -62,7 +63,7 @@ def rank_device(name: str) -> torch.device:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     count = torch.cuda.device_count()
     if local >= count:
-        raise ValueError(
+        raise InputError(
             f"--device cuda: LOCAL_RANK {local} has no GPU of its own ({count} visible); "
             f"start at most {count} processes per node"
         )
@@ -116,7 +117,7 @@ def group(data_parallel: bool) -> tuple[int, int]:
 def check_batch(batch: int, world: int) -> None:
     """Raise ``ValueError`` unless ``batch`` windows split evenly over ``world`` ranks."""
     if batch % world:
-        raise ValueError(
+        raise InputError(
             f"--batch {batch} must be a multiple of the world size {world} for --data-parallel "
             f"(each rank trains on batch / world windows)"
         )
@@ -152,7 +153,7 @@ def agree(value: int, what: str, world: int) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     high, low = int(t[0]), -int(t[1])
     if high != low:
-        raise ValueError(
+        raise InputError(
             f"the ranks see different {what} ({low} to {high}): --out must be one folder "
             f"every rank reads (the same machine or a shared filesystem)"
         )
@@ -219,7 +220,7 @@ def train_sharded(
     from torch.nn.parallel import DistributedDataParallel
 
     if not dist.is_initialized() or dist.get_world_size() != world or dist.get_rank() != rank:
-        raise ValueError(
+        raise InputError(
             f"rank {rank} of {world} needs a joined process group of that size (see join())"
         )
     if rank:

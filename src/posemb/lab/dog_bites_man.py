@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._errors import InputError
 from ..absolute import LearnedEmbedding, SinusoidalEmbedding
 from .model import Block
 from .train import adamw, train
@@ -80,9 +81,9 @@ def make_data(seed: int = 0, entities: int = len(ENTITIES), test_fraction: float
     """All ``[CLS] A verb B`` sentences over the first ``entities`` entities, split by unordered
     pair {A, B} (both orders and every verb of a pair on the same side)."""
     if isinstance(entities, bool) or not isinstance(entities, int):
-        raise ValueError(f"entities must be an integer, got {entities!r}")
+        raise InputError(f"entities must be an integer, got {entities!r}")
     if not 3 <= entities <= len(ENTITIES):
-        raise ValueError(
+        raise InputError(
             f"entities must be in [3, {len(ENTITIES)}] (a split needs pairs on both sides), "
             f"got {entities}"
         )
@@ -109,7 +110,7 @@ class Encoder(nn.Module):
     def __init__(self, encoding: str, width: int = 32, heads: int = 4, layers: int = 1) -> None:
         super().__init__()
         if encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+            raise InputError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
         self.embed = nn.Embedding(len(VOCAB), width)
         self.input_pos: nn.Module | None = None
         attn_encoding = encoding

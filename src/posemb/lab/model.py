@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import _checks
 from .. import scaling as sc
+from .._errors import InputError
 from ..absolute import LearnedEmbedding, SinusoidalEmbedding
 from ..attention import PositionalAttention
 from ..bias import RandomizedPositions
@@ -43,10 +44,10 @@ class ModelConfig:
         for name in ("vocab", "width", "layers", "heads", "train_len", "max_len"):
             _checks.positive_int(name, getattr(self, name))
         if self.encoding not in TRAINED:
-            raise ValueError(f"encoding must be one of {', '.join(TRAINED)}, got {self.encoding!r}")
+            raise InputError(f"encoding must be one of {', '.join(TRAINED)}, got {self.encoding!r}")
         check_heads(self.width, self.heads)
         if self.max_len < self.train_len:
-            raise ValueError(
+            raise InputError(
                 f"max_len must be >= train_len {self.train_len} (the learned table needs a row "
                 f"per trained position), got {self.max_len}"
             )
@@ -56,7 +57,7 @@ def check_heads(width: int, heads: int) -> None:
     """Raise ``ValueError`` unless ``width`` splits into ``heads`` heads of even size (RoPE
     rotates channel pairs)."""
     if width % heads or (width // heads) % 2:
-        raise ValueError(f"width {width} must split into {heads} heads of even size")
+        raise InputError(f"width {width} must split into {heads} heads of even size")
 
 
 class Block(nn.Module):
@@ -221,4 +222,4 @@ def scaling_for(variant: str, train_len: int, eval_len: int) -> sc.RopeScaling:
         return sc.Yarn(s, train_len, beta_fast=fast, beta_slow=slow)
     if variant == "rope+llama3":
         return sc.Llama3(s, 1.0, 4.0, train_len)
-    raise ValueError(f"unknown scaling variant {variant!r}; known: {', '.join(SCALINGS)}")
+    raise InputError(f"unknown scaling variant {variant!r}; known: {', '.join(SCALINGS)}")

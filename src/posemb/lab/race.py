@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import scaling as sc
+from .._errors import InputError
 from . import retrieval
 from .model import TinyLM, scaling_for
 from .train import adamw, next_token, per_position_loss, train, windows
@@ -31,7 +32,7 @@ ENTRANTS = ("rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+llama3")
 def schedule(entrant: str, train_len: int, length: int) -> sc.RopeScaling | None:
     """The RoPE schedule of ``entrant`` for windows of ``length`` (None: plain RoPE)."""
     if entrant not in ENTRANTS:
-        raise ValueError(f"unknown race entrant {entrant!r}; known: {', '.join(ENTRANTS)}")
+        raise InputError(f"unknown race entrant {entrant!r}; known: {', '.join(ENTRANTS)}")
     return None if entrant == "rope" else scaling_for(entrant, train_len, length)
 
 

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .._errors import InputError
+
 FILLER = 16
 KEYS = 16
 VALUES = 8
@@ -43,7 +45,7 @@ IGNORE = -100  # cross_entropy's ignore_index: no loss at filler, fact and answe
 
 def _check_facts(facts: int, length: int) -> None:
     if not 1 <= facts <= KEYS or 2 * facts > length:
-        raise ValueError(
+        raise InputError(
             f"--retrieval-facts must be 1..{KEYS} with two positions per fact in a window of "
             f"{length}, got {facts}"
         )
@@ -87,7 +89,7 @@ def probes(
     _check_facts(facts, length)
     d = torch.as_tensor(distances, dtype=torch.int64)
     if d.ndim != 1 or len(d) == 0 or int(d.min()) < 1 or int(d.max()) >= length:
-        raise ValueError(f"probe distances must be in 1..{length - 1}, got {d.tolist()}")
+        raise InputError(f"probe distances must be in 1..{length - 1}, got {d.tolist()}")
     n = len(d)
     inputs = torch.randint(0, FILLER, (n, length), generator=gen)
     keys = torch.argsort(torch.rand(n, KEYS, generator=gen), dim=1)[:, :facts]

@@ -30,6 +30,7 @@ import torch
 
 from .. import _checks
 from .. import scaling as sc
+from .._errors import InputError
 from .._io import atomic_write, atomic_write_bytes
 from .._version import __version__
 from . import corpus as _corpus
@@ -152,22 +153,22 @@ class LabConfig:
         ):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-                raise ValueError(f"{_flag(name)} must be a sequence, got {value!r}")
+                raise InputError(f"{_flag(name)} must be a sequence, got {value!r}")
             object.__setattr__(self, name, tuple(value))
         if not self.variants:
-            raise ValueError("--variants must name at least one variant")
+            raise InputError("--variants must name at least one variant")
         unknown = [str(v) for v in self.variants if v not in VARIANTS]
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
             )
         if len(set(self.variants)) != len(self.variants):
-            raise ValueError(f"--variants must not repeat a variant, got {list(self.variants)}")
+            raise InputError(f"--variants must not repeat a variant, got {list(self.variants)}")
         for name, known in (("tasks", TASKS), ("race_entrants", _race.ENTRANTS)):
             value = getattr(self, name)
             bad = [str(v) for v in value if v not in known]
             if not value or bad or len(set(value)) != len(value):
-                raise ValueError(
+                raise InputError(
                     f"{_flag(name)} must name one or more of {', '.join(known)} once each, got "
                     f"{list(value)}"
                 )
@@ -176,74 +177,74 @@ class LabConfig:
         check_heads(self.width, self.heads)
         lens = self.eval_lens
         if not lens or not all(_is_int(n) for n in lens) or list(lens) != sorted(set(lens)):
-            raise ValueError(
+            raise InputError(
                 f"--eval-lens must be one or more integers in increasing order, got {list(lens)}"
             )
         if lens[0] < self.train_len:
-            raise ValueError(
+            raise InputError(
                 f"--eval-lens must be >= --train-len {self.train_len} (the lab measures "
                 f"lengths past training), got {list(lens)}"
             )
         seeds = self.seeds
         if not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
-            raise ValueError(
+            raise InputError(
                 f"--seeds must be one or more non-negative integers, got {list(seeds)}"
             )
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"--seeds must not repeat a seed, got {list(seeds)}")
+            raise InputError(f"--seeds must not repeat a seed, got {list(seeds)}")
         _checks.number("--lr", self.lr, minimum=0.0, strict=True)
         _checks.number("--retrieval-lr", self.retrieval_lr, minimum=0.0, strict=True)
         check_heads(self.retrieval_width, self.heads)
         facts = self.retrieval_facts
         if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS or 2 * facts > self.train_len:
-            raise ValueError(
+            raise InputError(
                 f"--retrieval-facts must be an integer in 1..{_retrieval.KEYS} with two "
                 f"positions per fact in a --train-len {self.train_len} window, got {facts!r}"
             )
         if "race" in self.tasks:
             race_len = self.race_len
             if not _is_int(race_len) or not self.train_len < race_len <= lens[-1]:
-                raise ValueError(
+                raise InputError(
                     f"--race-len must be an integer above --train-len {self.train_len} and at "
                     f"most the longest --eval-lens {lens[-1]}, got {race_len!r}"
                 )
             steps = self.race_steps
             if not all(_is_int(n) and n >= 0 for n in steps) or list(steps) != sorted(set(steps)):
-                raise ValueError(
+                raise InputError(
                     f"--race-steps must be one or more integers >= 0 in increasing order, got "
                     f"{list(steps)}"
                 )
             rs = self.race_seeds
             if not rs or not all(_is_int(r) and r >= 0 for r in rs) or len(set(rs)) != len(rs):
-                raise ValueError(
+                raise InputError(
                     f"--race-seeds must be one or more distinct non-negative integers, got "
                     f"{list(rs)}"
                 )
         if not isinstance(self.corpus, str) or not self.corpus:
-            raise ValueError(
+            raise InputError(
                 f"--corpus must be {_corpus.DEFAULT!r} or a path to a UTF-8 text file, got "
                 f"{self.corpus!r}"
             )
         ft_steps, ft_len = self.finetune_steps, self.finetune_len
         if not _is_int(ft_steps) or ft_steps < 0:
-            raise ValueError(f"--finetune-steps must be an integer >= 0, got {ft_steps!r}")
+            raise InputError(f"--finetune-steps must be an integer >= 0, got {ft_steps!r}")
         if ft_len is not None and not _is_int(ft_len):
-            raise ValueError(f"--finetune-len must be an integer or None, got {ft_len!r}")
+            raise InputError(f"--finetune-len must be an integer or None, got {ft_len!r}")
         if ft_steps and (ft_len or 0) <= self.train_len:
-            raise ValueError(
+            raise InputError(
                 f"--finetune-len must exceed --train-len {self.train_len} (fine-tuning extends "
                 f"the context), got {ft_len}"
             )
         if ft_len is not None and not ft_steps:
-            raise ValueError(
+            raise InputError(
                 f"--finetune-len {ft_len} needs --finetune-steps > 0 (it would be ignored)"
             )
         if self.device not in _dp.DEVICES:  # whether CUDA is there is checked when run
-            raise ValueError(
+            raise InputError(
                 f"--device must be one of {', '.join(_dp.DEVICES)}, got {self.device!r}"
             )
         if not isinstance(self.data_parallel, bool):
-            raise ValueError(f"--data-parallel must be True or False, got {self.data_parallel!r}")
+            raise InputError(f"--data-parallel must be True or False, got {self.data_parallel!r}")
 
     def digest(
         self, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
@@ -264,7 +265,7 @@ class LabConfig:
             key = lm | ret | {"race_len": self.race_len, "race_steps": self.race_steps}
             key |= {"race_seed": race_seed}
         else:
-            raise ValueError(f"unknown job kind {kind!r}")
+            raise InputError(f"unknown job kind {kind!r}")
         key |= {"kind": kind, "encoding": encoding, "seed": seed, "posemb": __version__}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -385,12 +386,12 @@ def _load_checkpoint(path: str, digest: str) -> dict | None:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: refuse, never overwrite silently
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} cannot be read ({type(err).__name__}); delete it to start that "
             f"job again"
-        ) from None
+        ) from err
     if not isinstance(ckpt, dict) or ckpt.get("digest") != digest:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} was made with other settings (digest "
             f"{ckpt.get('digest') if isinstance(ckpt, dict) else '?'} != {digest}); use another "
             f"--out or delete it"
@@ -405,10 +406,10 @@ def _load_result(path: str, digest: str) -> dict | None:
         with open(path, encoding="utf-8") as f:
             done = json.load(f)
     except (OSError, json.JSONDecodeError):
-        raise ValueError(f"result {path} cannot be read; delete it to rerun") from None
+        raise InputError(f"result {path} cannot be read; delete it to rerun") from None
     if done.get("digest") == digest:
         return done
-    raise ValueError(f"result {path} was made with other settings; use another --out or delete it")
+    raise InputError(f"result {path} was made with other settings; use another --out or delete it")
 
 
 # --- one job -------------------------------------------------------------------------------------
@@ -696,7 +697,7 @@ def _trained(cfg: LabConfig, out: str, seed: int) -> tuple[TinyLM, TinyLM]:
         path = job_paths(out, "rope", seed, kind)[0]
         ckpt = _load_checkpoint(path, cfg.digest("rope", seed, kind))
         if ckpt is None or int(ckpt["step"]) != steps:
-            raise ValueError(f"the race needs the finished checkpoint {path}; run its job first")
+            raise InputError(f"the race needs the finished checkpoint {path}; run its job first")
         model.load_state_dict(ckpt["model"])
     return lm, ret
 
@@ -779,7 +780,7 @@ def _finetune_pi(
     n / train_len for lengths past finetune_len)."""
     ft = copy.deepcopy(model)
     if cfg.finetune_len is None:
-        raise ValueError("--finetune-steps needs --finetune-len")  # LabConfig ensures it
+        raise InputError("--finetune-steps needs --finetune-len")  # LabConfig ensures it
     length = cfg.finetune_len
     s_ft = length / cfg.train_len
     ft.set_scaling(sc.Linear(s_ft))
@@ -892,7 +893,7 @@ def _finished(cfg: LabConfig, job: Job, out: str) -> dict:
     path = job_paths(out, name, seed, kind, race_seed)[1]
     done = _load_result(path, cfg.digest(name, seed, kind, race_seed))
     if done is None:
-        raise ValueError(f"result {path} is missing: a rank did not finish its jobs")
+        raise InputError(f"result {path} is missing: a rank did not finish its jobs")
     return done
 
 
@@ -904,14 +905,14 @@ def preflight(cfg: LabConfig, out: str) -> None:
     a protocol.json with other settings, or any job's result or checkpoint made with other
     settings or unreadable (``ValueError`` naming the file)."""
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is a file, not a folder")
+        raise InputError(f"--out {out} is a file, not a folder")
     path = os.path.join(out, PROTOCOL)
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as f:
                 theirs = json.load(f)
         except (OSError, json.JSONDecodeError):
-            raise ValueError(f"{path} cannot be read; use another --out") from None
+            raise InputError(f"{path} cannot be read; use another --out") from None
         ours = cfg.protocol()
         diff = [
             f"{k} {theirs.get(k)!r} != {ours.get(k)!r}"
@@ -919,7 +920,7 @@ def preflight(cfg: LabConfig, out: str) -> None:
             if theirs.get(k) != ours.get(k)
         ]
         if diff:
-            raise ValueError(
+            raise InputError(
                 f"--out {out} holds results of another protocol ({'; '.join(diff[:3])}); use "
                 f"another --out"
             )
@@ -947,7 +948,7 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     _dp.resolve_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
     if len(data.train) < cfg.race_len + 2 and "race" in cfg.tasks:
-        raise ValueError(
+        raise InputError(
             f"corpus {data.name!r} has {len(data.train):,} training characters: too few for "
             f"--race-len {cfg.race_len} windows"
         )

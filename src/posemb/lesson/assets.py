@@ -28,6 +28,8 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
 
+from .._errors import InputError
+
 VERSIONS = "VERSIONS.json"
 # Load order matters: vega-lite compiles to Vega specs, vega-embed wraps both.
 VEGA_FILES = ("vega/vega.min.js", "vega-lite/vega-lite.min.js", "vega-embed/vega-embed.min.js")
@@ -92,14 +94,14 @@ def read_vendored(path: str, vendor: Traversable | None = None) -> bytes:
     root = _root(vendor)
     expected = _expected_hashes(versions(root))
     if path not in expected:
-        raise ValueError(
+        raise InputError(
             f"path must be a vendored file listed in {VERSIONS}, got {path!r} "
             f"(e.g. {', '.join(sorted(expected)[:3])}, ...)"
         )
     data = root.joinpath(path).read_bytes()
     got = hashlib.sha256(data).hexdigest()
     if got != expected[path]:
-        raise ValueError(
+        raise InputError(
             f"vendored file {path} has sha256 {got}, but {VERSIONS} records {expected[path]}: "
             f"it was altered; rerun scripts/vendor_lesson_assets.py"
         )
@@ -110,7 +112,7 @@ def _inline_js(path: str, vendor: Traversable | None) -> str:
     text = read_vendored(path, vendor).decode("utf-8")
     # An HTML parser ends a <script> element at the first "</script", wherever it stands.
     if "</script" in text.lower():
-        raise ValueError(f"vendored file {path} contains '</script' and cannot be inlined")
+        raise InputError(f"vendored file {path} contains '</script' and cannot be inlined")
     return _SOURCE_MAP_JS.sub("", text).rstrip() + "\n"
 
 
@@ -144,7 +146,7 @@ def katex_css(vendor: Traversable | None = None) -> str:
     def embed(match: re.Match[str]) -> str:
         woff2 = _WOFF2_URL.search(match.group(0))
         if woff2 is None:
-            raise ValueError(f"KaTeX font face without a woff2 source: {match.group(0)[:80]!r}")
+            raise InputError(f"KaTeX font face without a woff2 source: {match.group(0)[:80]!r}")
         rel = woff2.group(1)
         if rel not in fonts:
             data = read_vendored(f"katex/{rel}", vendor)
@@ -156,7 +158,7 @@ def katex_css(vendor: Traversable | None = None) -> str:
     css = _SOURCE_MAP_CSS.sub("", css)
     left = [u for u in re.findall(r"url\(([^)]*)\)", css) if not u.startswith("data:")]
     if left:
-        raise ValueError(f"KaTeX stylesheet still refers to files after embedding: {left[:3]}")
+        raise InputError(f"KaTeX stylesheet still refers to files after embedding: {left[:3]}")
     return css
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._errors import InputError
 from .._version import __version__
 from ..absolute import sinusoidal_table
 from ..attention import attention_probs, dot_product_attention, permutation_matrix
@@ -75,11 +76,11 @@ class Claim:
 
     def __post_init__(self) -> None:
         if self.screen not in SCREENS:
-            raise ValueError(f"claim {self.id}: screen must be 1..9, got {self.screen!r}")
+            raise InputError(f"claim {self.id}: screen must be 1..9, got {self.screen!r}")
         if self.verdict not in VERDICTS:
-            raise ValueError(f"claim {self.id}: verdict must be one of {VERDICTS}")
+            raise InputError(f"claim {self.id}: verdict must be one of {VERDICTS}")
         if (self.lesson_says is not None) != (self.verdict not in ("holds", "n/a")):
-            raise ValueError(
+            raise InputError(
                 f"claim {self.id}: a verdict that corrects the lesson quotes it (lesson_says), "
                 f"and only such a verdict does"
             )
@@ -117,7 +118,7 @@ def claim(
 
     def register(check: Check) -> Check:
         if any(c.id == id for c in CLAIMS):
-            raise ValueError(f"claim id {id!r} is registered twice")
+            raise InputError(f"claim id {id!r} is registered twice")
         CLAIMS.append(Claim(id, screen, text, check, verdict, lesson_says))
         return check
 
@@ -1182,7 +1183,7 @@ def run_all(only: Sequence[str] | None = None) -> list[dict[str, object]]:
         known = {c.id for c in CLAIMS}
         unknown = [i for i in only if i not in known]
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"unknown claim id(s) {', '.join(unknown)}; `posemb verify --list` shows them"
             )
     return [c.run() for c in CLAIMS if only is None or c.id in only]

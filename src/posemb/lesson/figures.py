@@ -32,6 +32,7 @@ from xml.sax.saxutils import escape
 import torch
 
 from .. import _extras, absolute, attention, freqs, rope, scaling
+from .._errors import InputError
 from ..lab import dog_bites_man as dbm
 from ..lab import report
 from . import claims
@@ -77,9 +78,9 @@ class Control:
 
     def __post_init__(self) -> None:
         if self.kind not in ("slider", "toggle"):
-            raise ValueError(f"control {self.id}: kind must be 'slider' or 'toggle'")
+            raise InputError(f"control {self.id}: kind must be 'slider' or 'toggle'")
         if not 0 <= self.default < len(self.values):
-            raise ValueError(f"control {self.id}: default {self.default} is not a value index")
+            raise InputError(f"control {self.id}: default {self.default} is not a value index")
 
 
 @dataclass(frozen=True)
@@ -775,7 +776,7 @@ def _trained_accuracies(
             for v in acc.values()
         )
     ):
-        raise ValueError(
+        raise InputError(
             f"claim row {TRAINED_CLAIM}: value must be {{encoding: [accuracy per seed], "
             f"'bar': number}}, got {raw!r}"
         )
@@ -1214,7 +1215,7 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
     for p in range(int(LOOKUPS[-1]) + 1):
         try:
             looked[p] = table(torch.zeros(1, 1, d), torch.tensor([p]))[0, 0].detach()
-        except ValueError as err:  # the figure shows posemb's refusal itself
+        except InputError as err:  # the figure shows posemb's refusal itself
             looked[p] = str(err)
 
     def draw(position: str) -> tuple[object, str]:
@@ -1536,7 +1537,7 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
     cfg = summary["config"]
     r = summary.get("retrieval")
     if not r:
-        raise ValueError(
+        raise InputError(
             "the lab summary has no retrieval results; run `posemb lab` with the retrieval task"
         )
     train_len, lens = int(cfg["train_len"]), [int(n) for n in cfg["eval_lens"]]
@@ -2439,7 +2440,7 @@ def build_figure(
     """Build one figure by id, rendered (``summary`` and ``claim_rows`` as in
     :func:`build_figures`)."""
     if id not in BUILDERS:
-        raise ValueError(f"unknown figure {id!r}; known: {', '.join(BUILDERS)}")
+        raise InputError(f"unknown figure {id!r}; known: {', '.join(BUILDERS)}")
     figure = _build(id, report.default_summary() if summary is None else summary, claim_rows)
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         for fig, key, job in _render_jobs(figure, pool):

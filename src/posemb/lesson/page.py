@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from .. import _extras
+from .._errors import InputError
 from .._io import read_json
 from .._version import __version__
 from . import claims as _claims
@@ -57,16 +58,16 @@ def load_claims(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     p = pathlib.Path(path)
     rows = read_json(p, "--claims file")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"--claims file {str(p)!r} must hold a list of claim rows")
+        raise InputError(f"--claims file {str(p)!r} must hold a list of claim rows")
     for i, row in enumerate(rows):
         for key, types in ROW_KEYS.items():
             if not isinstance(row.get(key), types):
-                raise ValueError(
+                raise InputError(
                     f"--claims file {str(p)!r}: row {i} has no valid {key!r} (a posemb verify "
                     f"--save file from posemb {__version__} has one)"
                 )
         if row["posemb"] != __version__:
-            raise ValueError(
+            raise InputError(
                 f"--claims file {str(p)!r} was written by posemb {row['posemb']}, this is "
                 f"{__version__}: run posemb verify --save again"
             )
@@ -75,7 +76,7 @@ def load_claims(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     if sorted(got) != sorted(want) or len(set(got)) != len(got):
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
-        raise ValueError(
+        raise InputError(
             f"--claims file {str(p)!r} does not match this build's claims (missing: "
             f"{', '.join(missing) or 'none'}; unknown: {', '.join(extra) or 'none'})"
         )
@@ -85,9 +86,9 @@ def load_claims(path: str | os.PathLike[str]) -> list[dict[str, object]]:
 
 def _check_out(out: pathlib.Path) -> None:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a file; give a folder for the lesson")
+        raise InputError(f"--out {str(out)!r} is a file; give a folder for the lesson")
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise ValueError(
+        raise InputError(
             f"--out {str(out)!r} is a folder with other files in it; give an empty or new folder "
             f"(or one a previous posemb lesson wrote)"
         )

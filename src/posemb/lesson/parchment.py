@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._errors import InputError
 from .._io import atomic_write_bytes
 from ..absolute import LearnedEmbedding, sinusoidal_table
 from ..freqs import wavelengths
@@ -98,7 +99,7 @@ def _initial_model(vocab: int, seed: int) -> TinyLM:
 def _table_of(model: TinyLM) -> torch.Tensor:
     """A copy of the learned model's position table ``(max_len, width)``."""
     if not isinstance(model.input_pos, LearnedEmbedding):
-        raise ValueError(f"model must use the learned encoding, got {model.cfg.encoding!r}")
+        raise InputError(f"model must use the learned encoding, got {model.cfg.encoding!r}")
     return model.input_pos.weight.detach().clone()
 
 
@@ -122,7 +123,7 @@ def train_learned_table(steps: int = TABLE_RUN.steps, seed: int = TABLE_RUN.seed
         The trained ``weight (max_len, width)`` and ``info`` (configuration, seed, final loss).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        raise InputError(f"steps must be an int >= 1, got {steps!r}")
     from ..lab import corpus
     from ..lab.train import adamw, next_token, train, warmup_cosine, windows
 
@@ -167,7 +168,7 @@ def neighbour_correlation(weight: torch.Tensor, offset: int = 1) -> float:
     """Mean cosine between rows ``t`` and ``t + offset`` of ``weight (L, D)`` after removing the
     mean row: near 1 for a smooth table, near 0 for independent noise."""
     if not 1 <= offset < weight.shape[0]:
-        raise ValueError(f"offset must be in [1, {weight.shape[0] - 1}], got {offset!r}")
+        raise InputError(f"offset must be in [1, {weight.shape[0] - 1}], got {offset!r}")
     centred = torch.nn.functional.normalize(weight - weight.mean(0), dim=1)
     return float((centred[:-offset] * centred[offset:]).sum(1).mean())
 
@@ -320,12 +321,12 @@ def draw_parchment(
     if table is None:
         table = learned_table()
     if table.weight.dim() != 2:
-        raise ValueError(
+        raise InputError(
             f"table.weight must be (positions, width), got {tuple(table.weight.shape)}"
         )
     out = os.fspath(out_dir)
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"out_dir must be a folder, got the file {out!r}")
+        raise InputError(f"out_dir must be a folder, got the file {out!r}")
     paths = (os.path.join(out, "parchment.png"), os.path.join(out, "parchment.svg"))
     # svg.fonttype 'none' keeps text as <text>; a fixed hashsalt makes the SVG ids repeatable.
     with mpl.rc_context(
