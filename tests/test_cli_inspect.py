@@ -201,9 +201,10 @@ def test_sparse_config_without_transformers_names_key_and_model_type(monkeypatch
     with pytest.raises(ImportError, match="does not set 'rope_local_base_freq'"):
         hf.model_rope(config)
     config["text_config"]["rope_local_base_freq"] = 1e4
-    with pytest.raises(ImportError, match="does not set 'num_attention_heads'"):
+    # Gemma 3's class has a head_dim of its own (256), not hidden_size / num_attention_heads.
+    with pytest.raises(ImportError, match="does not set 'head_dim'"):
         hf.model_rope(config)
-    config["text_config"]["num_attention_heads"] = 8
+    config["text_config"]["head_dim"] = 256
     with pytest.raises(ImportError, match="model_type 'gemma3_text' does not set 'rope_theta'"):
         hf.model_rope(config)
     config["text_config"]["rope_theta"] = 1e6

@@ -27,46 +27,12 @@ from .. import temperature as _temperature
 from .._errors import InputError
 from ..rope import Layout, RotaryEmbedding
 from ..temperature import QueryTemperature
+from . import rope_types
 from .families import CLASS_HEAD_DIM, Family, family_for, partial_default
+from .rope_types import ROPE_KEYS, ROPE_TYPES
 
-ROPE_TYPES = (
-    "default",
-    "linear",
-    "dynamic",
-    "yarn",
-    "longrope",
-    "llama3",
-    "proportional",
-    "ntk",
-)
 DEFAULT_THETA = 10000.0  # transformers' default_theta; posemb never assumes it (see rope_spec)
 
-_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
-# What transformers 5.24's validators accept per rope type (modeling_rope_utils.py,
-# RotaryEmbeddingConfigMixin._validate_*), plus proportional's factor, which its compute reads.
-ROPE_KEYS: dict[str, frozenset[str]] = {
-    "default": _COMMON_KEYS,
-    "linear": _COMMON_KEYS | {"factor"},
-    "dynamic": _COMMON_KEYS | {"factor"},
-    "ntk": _COMMON_KEYS | {"factor"},
-    "yarn": _COMMON_KEYS
-    | {
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    },
-    "longrope": _COMMON_KEYS
-    | {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"}
-    | {"factor"},
-    "llama3": _COMMON_KEYS
-    | {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
-    "proportional": _COMMON_KEYS | {"factor"},
-}
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
 
 
@@ -404,15 +370,15 @@ def _read_kind(
     rope_type = fam.rope_type_aliases.get(raw_type, raw_type)
     if rope_type != raw_type:
         notes.append(f"legacy rope type {raw_type!r} read as {rope_type!r}")
-    if rope_type not in ROPE_TYPES:
+    rope_type = rope_types.resolve(rope_type, p, model_type)
+    row = rope_types.TABLE.get(rope_type)
+    if row is None or (row.model_types is not None and model_type not in row.model_types):
+        known = [n for n, t in rope_types.TABLE.items() if t.model_types is None]
         raise InputError(
-            f"{src}['rope_type'] is {raw_type!r}; known rope types: {', '.join(ROPE_TYPES)}"
+            f"{src}['rope_type'] is {raw_type!r}; known rope types: {', '.join(known)}"
         )
-    if rope_type == "ntk":
-        notes.append(
-            "'ntk' is vLLM's fixed NTK scaling, not a transformers rope type: "
-            "posemb.scaling.VllmNTK"
-        )
+    if row.note:
+        notes.append(row.note)
     if id(p) not in checked:
         notes += _check_keys(src, p, rope_type, fam, strict)
 
@@ -513,13 +479,15 @@ def _read_kind(
     if raw_orig is None:
         raw_orig = p.get("original_max_position_embeddings")
     orig = None if raw_orig is None else _int("original_max_position_embeddings", raw_orig)
-    if rope_type in ("yarn", "llama3", "longrope") and orig is None:
+    if row.needs_original and orig is None:
         raise InputError(
             f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
             f"the pre-training context length (a positive integer)"
         )
 
-    scaling = _scaling(src, p, rope_type, rotary_dim, partial, max_pos, orig or 0, notes)
+    reading = rope_types.RopeDict(src, p, rope_type, rotary_dim, partial, max_pos, orig or 0)
+    scaling = rope_types.read(reading)
+    notes += reading.notes
     if base is None:
         raise _Missing("rope_theta")
 
@@ -577,113 +545,6 @@ def _read_kind(
         model_type=model_type,
         notes=tuple(notes),
     )
-
-
-def _scaling(
-    src: str,
-    p: dict[str, object],
-    rope_type: str,
-    rotary_dim: int,
-    partial: float,
-    max_pos: int | None,
-    original: int,
-    notes: list[str],
-) -> sc.RopeScaling:
-    """The scaling object of one rope dict."""
-
-    def factor(required: bool = True, default: float = 1.0) -> float:
-        f = p.get("factor")
-        if f is None:
-            if required:
-                raise InputError(
-                    f"{src}['factor'] is missing: rope_type {rope_type!r} needs a number >= 1"
-                )
-            return default
-        return _num(f"{src}['factor']", f, minimum=1)
-
-    def opt(key: str) -> float | None:
-        v = p.get(key)
-        return None if v is None else _num(f"{src}[{key!r}]", v, minimum=0)
-
-    try:
-        if rope_type == "default":
-            return sc.Default()
-        if rope_type == "linear":
-            return sc.Linear(factor())
-        if rope_type == "ntk":
-            return sc.VllmNTK(factor())
-        if rope_type == "dynamic":
-            if max_pos is None:
-                raise InputError(
-                    "max_position_embeddings is missing: rope_type 'dynamic' scales from it"
-                )
-            return sc.DynamicNTK(factor(), max_pos)
-        if rope_type == "yarn":
-            truncate = p.get("truncate", True)
-            if not isinstance(truncate, bool):
-                raise InputError(f"{src}['truncate'] must be true or false, got {truncate!r}")
-            mscale, mscale_all = opt("mscale"), opt("mscale_all_dim")
-            if p.get("attention_factor") is None and bool(mscale) != bool(mscale_all):
-                # transformers' _compute_yarn_parameters uses the pair only when both are set
-                # (and nonzero); otherwise 0.1 ln(factor) + 1, whatever the one says.
-                given = "mscale" if mscale else "mscale_all_dim"
-                notes.append(
-                    f"{given} without {'mscale_all_dim' if given == 'mscale' else 'mscale'} "
-                    f"changes nothing: the attention factor is 0.1 ln(factor) + 1"
-                )
-            return sc.Yarn(
-                factor(),
-                original,
-                # transformers reads a null or 0 beta as its default (32 / 1).
-                beta_fast=opt("beta_fast") or 32.0,
-                beta_slow=opt("beta_slow") or 1.0,
-                mscale=mscale,
-                mscale_all_dim=mscale_all,
-                attention_factor=opt("attention_factor"),
-                truncate=truncate,
-            )
-        if rope_type == "llama3":
-            for key in ("low_freq_factor", "high_freq_factor"):
-                if p.get(key) is None:
-                    raise InputError(f"{src}[{key!r}] is missing: rope_type 'llama3' needs it")
-            return sc.Llama3(
-                factor(),
-                _num(f"{src}['low_freq_factor']", p["low_freq_factor"], minimum=0, strict=True),
-                _num(f"{src}['high_freq_factor']", p["high_freq_factor"], minimum=0, strict=True),
-                original,
-            )
-        if rope_type == "longrope":
-            lists: dict[str, tuple[float, ...]] = {}
-            for key in ("short_factor", "long_factor"):
-                v = p.get(key)
-                if isinstance(v, list) and len(v) == rotary_dim // 2:
-                    lists[key] = tuple(
-                        _num(f"{src}[{key!r}][{i}]", x, minimum=0, strict=True)
-                        for i, x in enumerate(v)
-                    )
-                else:
-                    got = f"{len(v)} entries" if isinstance(v, list) else repr(v)
-                    raise InputError(
-                        f"{src}[{key!r}] must be a list of rotary_dim/2 = {rotary_dim // 2} "
-                        f"numbers, got {got}"
-                    )
-            derived = None if max_pos is None else max_pos / original
-            if p.get("factor") is None and derived is None:
-                raise InputError(
-                    f"{src}['factor'] is missing and max_position_embeddings too: rope_type "
-                    f"'longrope' needs one of them"
-                )
-            return sc.LongRope(
-                lists["short_factor"],
-                lists["long_factor"],
-                original,
-                factor=max(factor(required=False, default=derived or 1.0), 1.0),
-                attention_factor=opt("attention_factor"),
-            )
-        return sc.Proportional(partial, factor(required=False, default=1.0))
-    except InputError as err:
-        msg = str(err)
-        raise InputError(msg if msg.startswith(src) else f"{src}: {msg}") from None
 
 
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
@@ -908,7 +769,7 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
     # refuses that (see posemb.hf, difference 4), also when other keys came from the class.
     if not _mentions(d, "original_max_position_embeddings"):
         for k in out.kinds:
-            if k.spec is not None and k.spec.rope_type in ("yarn", "llama3", "longrope"):
+            if k.spec is not None and rope_types.TABLE[k.spec.rope_type].needs_original:
                 raise InputError(
                     f"original_max_position_embeddings is missing: rope_type "
                     f"{k.spec.rope_type!r} needs the pre-training context length (a positive "
