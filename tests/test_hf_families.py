@@ -265,3 +265,19 @@ def test_class_head_dim_lists_every_class_with_a_head_dim_of_its_own():
         except Exception:  # a class that cannot be built from these sizes: nothing to compare
             continue
     assert own == set(families.CLASS_HEAD_DIM)
+
+
+def test_no_model_type_is_both_refused_and_given_a_rule():
+    assert not set(families.PARTIAL_DEFAULTS) & set(families.REFUSED)
+    ruled = {mt for f in families.FAMILIES for mt in f.model_types}
+    assert not ruled & set(families.REFUSED)
+
+
+def test_phi1_keeps_gptj_rotary_dim_unread():
+    spec = hf.rope_spec(
+        {"model_type": "phi", "rope_theta": 1e4, "hidden_size": 2048, "num_attention_heads": 32}
+        | {"partial_rotary_factor": 0.5, "rotary_dim": 16}
+    )
+    assert spec.rotary_dim == 32  # from the fraction, 64 * 0.5; rotary_dim is not what says so
+    with pytest.raises(ValueError, match="'rotary_dim' changes the RoPE"):
+        hf.rope_spec({"model_type": "llama", "rope_theta": 1e4, "head_dim": 64, "rotary_dim": 32})

@@ -259,3 +259,24 @@ def test_vllm_ntk_by_hand():
     assert got.tolist() == pytest.approx([0.5, 0.0025], rel=1e-15)
     with pytest.raises(ValueError):
         sc.VllmNTK(0.5)
+
+
+def test_one_cache_of_scaled_frequencies_serves_rope_and_mrope():
+    import posemb
+
+    sc_ = posemb.scaling.Yarn(4.0, 64)
+    posemb.scaling._COMPUTED.clear()
+    rope = posemb.RotaryEmbedding(32, base=1e4, scaling=sc_)
+    rope.cos_sin(torch.arange(8))
+    assert len(posemb.scaling._COMPUTED) == 1
+    mrope = posemb.MRotaryEmbedding(32, base=1e4, mrope_section=[4, 6, 6], scaling=sc_)
+    mrope.cos_sin(torch.zeros(3, 1, 8, dtype=torch.long))
+    assert len(posemb.scaling._COMPUTED) == 1  # the same scaling, dim, base, device: one entry
+    inv, factor = posemb.scaling.cached_compute(sc_, 32, 1e4, "cpu")
+    assert torch.equal(inv, sc_.compute(32, 1e4)[0]) and factor == sc_.compute(32, 1e4)[1]
+    # A length-dependent scaling keeps one entry per length that matters, never a stale one.
+    dyn = posemb.scaling.DynamicNTK(2.0, 16)
+    short = posemb.scaling.cached_compute(dyn, 32, 1e4, "cpu", 8)[0]
+    long = posemb.scaling.cached_compute(dyn, 32, 1e4, "cpu", 64)[0]
+    assert torch.equal(short, dyn.compute(32, 1e4, 8)[0])
+    assert torch.equal(long, dyn.compute(32, 1e4, 64)[0]) and not torch.equal(short, long)

@@ -30,7 +30,6 @@ by up to a few float32 roundoffs of the angle, about ``p * 2^-23`` rad at positi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -557,20 +556,6 @@ def vision_cos_sin(
 # --- module --------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=64)
-def _scaled_inv_freq(
-    scaling: _scaling.RopeScaling,
-    rotary_dim: int,
-    base: float,
-    device: torch.device,
-    seq_len: int | None,
-) -> tuple[torch.Tensor, float]:
-    # Memoised per device so a GPU forward does not copy inv_freq from the host each call;
-    # seq_len is None unless the scaling reads it, so most scalings have one entry per device.
-    inv, factor = scaling.compute(rotary_dim, base, seq_len)
-    return inv.to(device), float(factor)
-
-
 class MRotaryEmbedding(nn.Module):
     """Rotates queries and keys by 3D (temporal, height, width) positions: M-RoPE.
 
@@ -644,7 +629,9 @@ class MRotaryEmbedding(nn.Module):
         if self.scaling.depends_on_length and pos.numel():
             # As transformers' dynamic update: the length is the largest id + 1 on any axis.
             seq_len = int(pos.max()) + 1
-        inv, factor = _scaled_inv_freq(self.scaling, self.rotary_dim, self.base, dev, seq_len)
+        inv, factor = _scaling.cached_compute(
+            self.scaling, self.rotary_dim, self.base, dev, seq_len
+        )
         return mrope_cos_sin(
             pos, inv, self.mrope_section, self.interleaved, attention_factor=factor, dtype=dtype
         )

@@ -108,32 +108,8 @@ def rope_complex(
 CACHE_ROWS = 1 << 18
 """Most rows a module caches per (device, dtype): 64 MiB of float32 tables at rotary_dim 128."""
 
-_TABLES: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collections.OrderedDict()
-_TABLES_MAX = 256
 
-
-def _scaled_inv_freq(
-    scaling: _scaling.RopeScaling,
-    rotary_dim: int,
-    base: float,
-    device: torch.device,
-    seq_len: int | None,
-) -> tuple[torch.Tensor, float]:
-    """Memoised ``scaling.compute`` on ``device``.
-
-    A pure function of its arguments: the key holds everything the result depends on, including
-    what of ``seq_len`` matters (``scaling.length_key``), so a cached entry can never be stale.
-    Memoised per device so a GPU forward does not copy inv_freq from the host on every call.
-    """
-    key = (scaling, rotary_dim, base, device, scaling.length_key(seq_len))
-    hit = _TABLES.get(key)
-    if hit is None:
-        inv, factor = scaling.compute(rotary_dim, base, seq_len)
-        hit = (inv.to(device), float(factor))
-        _TABLES[key] = hit
-        if len(_TABLES) > _TABLES_MAX:
-            _TABLES.popitem(last=False)
-    return hit
+_TABLES_MAX = 256  # cos/sin tables a module keeps (each per device, dtype and length)
 
 
 class RotaryEmbedding(nn.Module):
@@ -214,7 +190,9 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`cos_sin` with the length the scaling sees given by the caller."""
         dev = torch.device(device) if device is not None else pos.device
-        inv, factor = _scaled_inv_freq(self.scaling, self.rotary_dim, self.base, dev, seq_len)
+        inv, factor = _scaling.cached_compute(
+            self.scaling, self.rotary_dim, self.base, dev, seq_len
+        )
         cos, sin = cos_sin(pos, inv, dtype=dtype)
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor

@@ -16,6 +16,7 @@ theta_i = b^(-2i/d) the default frequencies, lambda_i = 2*pi / theta_i their wav
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -538,6 +539,42 @@ SCALINGS: dict[str, type[RopeScaling]] = {
 }
 
 
+_COMPUTED: collections.OrderedDict[tuple, tuple[torch.Tensor, float]] = collections.OrderedDict()
+_COMPUTED_MAX = 256
+
+
+def cached_compute(
+    scaling: RopeScaling,
+    rotary_dim: int,
+    base: float,
+    device: torch.device | str,
+    seq_len: int | None = None,
+) -> tuple[torch.Tensor, float]:
+    """``scaling.compute(rotary_dim, base, seq_len)`` with inv_freq on ``device``, memoised.
+
+    One cache for every module (:class:`~posemb.RotaryEmbedding`,
+    :class:`~posemb.MRotaryEmbedding`): its key holds everything the result depends on,
+    including what of ``seq_len`` matters (``scaling.length_key``), so an entry is never stale
+    and a scaling that ignores the length has one entry per device. Per device, so a GPU forward
+    does not copy inv_freq from the host each call. The 256 most recent entries are kept.
+
+    Returns:
+        inv_freq ``(rotary_dim / 2,)`` float64 on ``device``, and the attention factor.
+    """
+    dev = torch.device(device)
+    key = (scaling, rotary_dim, float(base), dev, scaling.length_key(seq_len))
+    hit = _COMPUTED.get(key)
+    if hit is None:
+        inv, factor = scaling.compute(rotary_dim, base, seq_len)
+        hit = (inv.to(dev), float(factor))
+        _COMPUTED[key] = hit
+        if len(_COMPUTED) > _COMPUTED_MAX:
+            _COMPUTED.popitem(last=False)
+    else:
+        _COMPUTED.move_to_end(key)
+    return hit
+
+
 def check(scaling: object) -> RopeScaling:
     """Return ``scaling`` (``None`` means :class:`Default`) if it is a scaling."""
     if scaling is None:
@@ -563,6 +600,7 @@ __all__ = [
     "RopeScaling",
     "VllmNTK",
     "Yarn",
+    "cached_compute",
     "check",
     "yarn_mscale",
 ]

@@ -94,6 +94,8 @@ class Family:
 
         no_rope_unless: a boolean key that must be false for the model to use RoPE at all
             (Falcon's ``alibi``).
+        ignored_keys: keys of other families' rules that the family's files carry and its
+            class ignores (phi-1's GPT-J ``rotary_dim``): not refused, not read.
     """
 
     name: str
@@ -120,6 +122,7 @@ class Family:
     layer_kinds_from_no_rope: bool = False
     mrope: bool = False
     no_rope_unless: str | None = None
+    ignored_keys: frozenset[str] = frozenset()
     tables: str = "half"
 
     def reads(self) -> frozenset[str]:
@@ -212,7 +215,7 @@ FAMILIES: tuple[Family, ...] = (
         partial_default=0.5,
         # phi-1's config also keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig
         # ignores it (the modeling code reads only the fraction).
-        rope_keys=frozenset(),
+        ignored_keys=frozenset({"rotary_dim"}),
     ),
     Family(
         "Persimmon / Fuyu", ("persimmon", "fuyu"), "PersimmonRotaryEmbedding", partial_default=0.5
@@ -410,7 +413,6 @@ PARTIAL_DEFAULTS: dict[str, float] = {
     "neomme": 0.25,
     "qwen3_next": 0.25,
     "recurrent_gemma": 0.5,
-    "zaya": 0.5,
     "dots3_note_audio_encoder": 0.5,
     "glmasr_encoder": 0.5,
     "nemotron3_5_transcribe_asr_audio": 0.5,
@@ -615,10 +617,7 @@ def family_for(model_type: str | None, keys: set[str] | frozenset[str]) -> Famil
             f"model_type {model_type!r} uses multimodal RoPE with an assignment of pairs to "
             f"axes posemb has no rule for"
         )
-    stray = sorted((set(keys) & FAMILY_KEYS) - fam.reads())
-    # phi-1 keeps GPT-J's rotary_dim beside partial_rotary_factor; PhiConfig ignores it.
-    if fam.name.startswith("Phi-1"):
-        stray = [k for k in stray if k != "rotary_dim"]
+    stray = sorted((set(keys) & FAMILY_KEYS) - fam.reads() - fam.ignored_keys)
     if stray:
         readers = sorted({mt for f in FAMILIES if stray[0] in f.reads() for mt in f.model_types})
         raise InputError(

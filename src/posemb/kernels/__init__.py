@@ -24,6 +24,7 @@ scalings or interop above it.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -285,12 +286,32 @@ def rotate(
     c, s = _f32(cos.reshape(-1, n)), _f32(sin.reshape(-1, n))
     kc = None if k_cos is None else _f32(k_cos.reshape(-1, n))
     ks = None if k_sin is None else _f32(k_sin.reshape(-1, n))
-    flags = (lay is Layout.INTERLEAVED, False, None, None, None, 0, stride)
+    flags = _triton_flags(lay, table_batch_stride=stride)
     if inplace:
-        torch.ops.posemb.rotate_triton_(q, k, c, s, kc, ks, *flags)
+        torch.ops.posemb.rotate_triton_(q, k, c, s, kc, ks, **flags)
         return q, k
-    q_out, k_out = torch.ops.posemb.rotate_triton(q, k, c, s, kc, ks, *flags)
+    q_out, k_out = torch.ops.posemb.rotate_triton(q, k, c, s, kc, ks, **flags)
     return q_out, k_out
+
+
+def _triton_flags(
+    lay: Layout,
+    positions: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int = 0,
+    table_batch_stride: int = 0,
+) -> dict[str, Any]:
+    """The Triton ops' arguments after the tables, by name (forward: not conjugated)."""
+    return {
+        "interleaved": lay is Layout.INTERLEAVED,
+        "conjugate": False,
+        "positions": positions,
+        "offsets": offsets,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": max_seqlen,
+        "table_batch_stride": table_batch_stride,
+    }
 
 
 def rotate_cached(
@@ -369,12 +390,12 @@ def rotate_cached(
     if which == "triton":
         from . import triton as _tr  # noqa: F401  (registers the Triton ops)
 
-        flags = (lay is Layout.INTERLEAVED, False, pos, off, cu, seq_len if varlen else 0, 0)
+        flags = _triton_flags(lay, pos, off, cu, max_seqlen=seq_len if varlen else 0)
         if inplace:
-            torch.ops.posemb.rotate_triton_(q, k, _f32(cos), _f32(sin), None, None, *flags)
+            torch.ops.posemb.rotate_triton_(q, k, _f32(cos), _f32(sin), None, None, **flags)
             return q, k
         q_out, k_out = torch.ops.posemb.rotate_triton(
-            q, k, _f32(cos), _f32(sin), None, None, *flags
+            q, k, _f32(cos), _f32(sin), None, None, **flags
         )
         return q_out, k_out
     # Reference and CPU: gather the rows into per-token tables, rotate (B, H, S, D) views of
