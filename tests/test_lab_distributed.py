@@ -72,10 +72,14 @@ def _recording_progress(losses):
 
 
 def _record_writes(writes):
-    """Wrap the atomic writers sweep and report use, noting each path written."""
-    for module in (sweep, report):
+    """Wrap the atomic writers the lab's modules use, noting each path written."""
+    from posemb.lab import checkpoints
+
+    for module in (sweep, report, checkpoints):
         for name in ("atomic_write", "atomic_write_bytes"):
-            real = getattr(module, name)
+            real = getattr(module, name, None)
+            if real is None:  # this module writes only the other way
+                continue
 
             def wrapped(path, *a, _real=real, **k):
                 writes.append(str(path))

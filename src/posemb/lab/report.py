@@ -28,8 +28,8 @@ from .._version import __version__
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from .config import LabConfig
     from .corpus import Corpus
-    from .sweep import LabConfig
 
 logger = logging.getLogger("posemb.lab")
 

@@ -1,0 +1,348 @@
+"""The lab's settings: :class:`LabConfig` (what a sweep trains and measures, validated; its
+protocol and the digest that ties checkpoints and results to it) and the presets
+(:func:`quick_config`, :func:`gpu_config`). Running them is :mod:`posemb.lab.sweep`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import _checks
+from .._errors import InputError
+from .._version import __version__
+from . import corpus as _corpus
+from . import distributed as _dp
+from . import race as _race
+from . import retrieval as _retrieval
+from .model import SCALINGS, VARIANTS, check_heads
+
+DEFAULT_VARIANTS = VARIANTS  # every trained encoding and every inference-time scaling
+TASKS = ("lm", "retrieval", "entropy", "race")
+EVAL_SEED = 1234  # the held-out windows are the same for every variant and seed
+WEIGHT_DECAY = 0.01
+FINETUNE_LR_FRACTION = 0.5  # of --lr, constant: a short fine-tune of a trained model
+
+_POSITIVE = (
+    "train_len",
+    "steps",
+    "width",
+    "layers",
+    "heads",
+    "batch",
+    "eval_windows",
+    "retrieval_steps",
+    "retrieval_width",
+    "retrieval_layers",
+    "retrieval_batch",
+    "retrieval_probes",
+    "entropy_windows",
+)
+# Settings that change no job's numbers, or that say which jobs run rather than what they do.
+# device and data_parallel change numbers by float rounding only, as the thread count does
+# (other kernels, other summation orders; tests/test_lab_distributed.py bounds it): hashing them
+# would refuse to resume a CPU checkpoint on a GPU or under torchrun. Each LM result records both.
+_NOT_PROTOCOL = (
+    "variants",
+    "seeds",
+    "tasks",
+    "workers",
+    "race_seeds",
+    "race_entrants",
+    "device",
+    "data_parallel",
+)
+_RETRIEVAL_KEYS = (
+    "train_len",
+    "eval_lens",
+    "heads",
+    "checkpoint_every",
+    "retrieval_steps",
+    "retrieval_width",
+    "retrieval_layers",
+    "retrieval_batch",
+    "retrieval_lr",
+    "retrieval_facts",
+    "retrieval_probes",
+)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Everything that determines the numbers (hashed into checkpoints and results), and how
+    the jobs run (``workers``, ``device``, ``data_parallel``: not hashed, see ``_NOT_PROTOCOL``).
+
+    Validated at construction: a bad value raises ``ValueError`` naming the setting (as its
+    ``posemb lab`` flag), the value and what is allowed. Sequences are stored as tuples.
+    """
+
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    train_len: int = 64
+    eval_lens: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    steps: int = 500
+    seeds: tuple[int, ...] = (0,)
+    corpus: str = _corpus.DEFAULT
+    width: int = 128
+    layers: int = 4
+    heads: int = 4
+    batch: int = 16  # x 64 tokens; 32 took the default protocol past 15 minutes
+    lr: float = 2e-3
+    eval_windows: int = 16
+    checkpoint_every: int = 100
+    finetune_len: int | None = None
+    finetune_steps: int = 0
+    tasks: tuple[str, ...] = TASKS
+    retrieval_steps: int = 600
+    retrieval_width: int = 64
+    retrieval_layers: int = 2
+    retrieval_batch: int = 32
+    retrieval_lr: float = 3e-3
+    retrieval_facts: int = 4
+    retrieval_probes: int = 64
+    entropy_windows: int = 4
+    race_len: int = 256
+    race_steps: tuple[int, ...] = (0, 25, 50, 100, 200)
+    race_seeds: tuple[int, ...] = (0, 1)
+    race_entrants: tuple[str, ...] = _race.ENTRANTS
+    workers: int = field(default=2, compare=False)
+    device: str = field(default="cpu", compare=False)
+    data_parallel: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "variants",
+            "eval_lens",
+            "seeds",
+            "tasks",
+            "race_steps",
+            "race_seeds",
+            "race_entrants",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise InputError(f"{_flag(name)} must be a sequence, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        if not self.variants:
+            raise InputError("--variants must name at least one variant")
+        unknown = [str(v) for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise InputError(
+                f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}"
+            )
+        if len(set(self.variants)) != len(self.variants):
+            raise InputError(f"--variants must not repeat a variant, got {list(self.variants)}")
+        for name, known in (("tasks", TASKS), ("race_entrants", _race.ENTRANTS)):
+            value = getattr(self, name)
+            bad = [str(v) for v in value if v not in known]
+            if not value or bad or len(set(value)) != len(value):
+                raise InputError(
+                    f"{_flag(name)} must name one or more of {', '.join(known)} once each, got "
+                    f"{list(value)}"
+                )
+        for name in (*_POSITIVE, "checkpoint_every", "workers"):
+            _checks.positive_int(_flag(name), getattr(self, name))
+        check_heads(self.width, self.heads)
+        lens = self.eval_lens
+        if not lens or not all(_is_int(n) for n in lens) or list(lens) != sorted(set(lens)):
+            raise InputError(
+                f"--eval-lens must be one or more integers in increasing order, got {list(lens)}"
+            )
+        if lens[0] < self.train_len:
+            raise InputError(
+                f"--eval-lens must be >= --train-len {self.train_len} (the lab measures "
+                f"lengths past training), got {list(lens)}"
+            )
+        seeds = self.seeds
+        if not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+            raise InputError(
+                f"--seeds must be one or more non-negative integers, got {list(seeds)}"
+            )
+        if len(set(seeds)) != len(seeds):
+            raise InputError(f"--seeds must not repeat a seed, got {list(seeds)}")
+        _checks.number("--lr", self.lr, minimum=0.0, strict=True)
+        _checks.number("--retrieval-lr", self.retrieval_lr, minimum=0.0, strict=True)
+        check_heads(self.retrieval_width, self.heads)
+        facts = self.retrieval_facts
+        if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS or 2 * facts > self.train_len:
+            raise InputError(
+                f"--retrieval-facts must be an integer in 1..{_retrieval.KEYS} with two "
+                f"positions per fact in a --train-len {self.train_len} window, got {facts!r}"
+            )
+        if "race" in self.tasks:
+            race_len = self.race_len
+            if not _is_int(race_len) or not self.train_len < race_len <= lens[-1]:
+                raise InputError(
+                    f"--race-len must be an integer above --train-len {self.train_len} and at "
+                    f"most the longest --eval-lens {lens[-1]}, got {race_len!r}"
+                )
+            steps = self.race_steps
+            if not all(_is_int(n) and n >= 0 for n in steps) or list(steps) != sorted(set(steps)):
+                raise InputError(
+                    f"--race-steps must be one or more integers >= 0 in increasing order, got "
+                    f"{list(steps)}"
+                )
+            rs = self.race_seeds
+            if not rs or not all(_is_int(r) and r >= 0 for r in rs) or len(set(rs)) != len(rs):
+                raise InputError(
+                    f"--race-seeds must be one or more distinct non-negative integers, got "
+                    f"{list(rs)}"
+                )
+        if not isinstance(self.corpus, str) or not self.corpus:
+            raise InputError(
+                f"--corpus must be {_corpus.DEFAULT!r} or a path to a UTF-8 text file, got "
+                f"{self.corpus!r}"
+            )
+        ft_steps, ft_len = self.finetune_steps, self.finetune_len
+        if not _is_int(ft_steps) or ft_steps < 0:
+            raise InputError(f"--finetune-steps must be an integer >= 0, got {ft_steps!r}")
+        if ft_len is not None and not _is_int(ft_len):
+            raise InputError(f"--finetune-len must be an integer or None, got {ft_len!r}")
+        if ft_steps and (ft_len or 0) <= self.train_len:
+            raise InputError(
+                f"--finetune-len must exceed --train-len {self.train_len} (fine-tuning extends "
+                f"the context), got {ft_len}"
+            )
+        if ft_len is not None and not ft_steps:
+            raise InputError(
+                f"--finetune-len {ft_len} needs --finetune-steps > 0 (it would be ignored)"
+            )
+        if self.device not in _dp.DEVICES:  # whether CUDA is there is checked when run
+            raise InputError(
+                f"--device must be one of {', '.join(_dp.DEVICES)}, got {self.device!r}"
+            )
+        if not isinstance(self.data_parallel, bool):
+            raise InputError(f"--data-parallel must be True or False, got {self.data_parallel!r}")
+
+    def digest(
+        self, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
+    ) -> str:
+        """A hash of what one job's numbers depend on (and nothing else, so that adding a
+        variant or a task reuses the jobs already done)."""
+        d = asdict(self)
+        lm = {k: v for k, v in d.items() if k not in _NOT_PROTOCOL}
+        lm = {k: v for k, v in lm.items() if not k.startswith(("retrieval_", "race_"))}
+        ret = {k: d[k] for k in _RETRIEVAL_KEYS}
+        # The rope jobs also evaluate the scalings asked for: another set is another result.
+        scalings = sorted(v for v in self.variants if v in SCALINGS) if encoding == "rope" else []
+        if kind == "lm":
+            key = lm | {"entropy": "entropy" in self.tasks, "scalings": scalings}
+        elif kind == "retrieval":
+            key = ret | {"scalings": scalings}
+        elif kind == "race":
+            key = lm | ret | {"race_len": self.race_len, "race_steps": self.race_steps}
+            key |= {"race_seed": race_seed}
+        else:
+            raise InputError(f"unknown job kind {kind!r}")
+        key |= {"kind": kind, "encoding": encoding, "seed": seed, "posemb": __version__}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def protocol(self) -> dict[str, object]:
+        """The settings an ``--out`` folder's results depend on (written to protocol.json)."""
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_PROTOCOL}
+        return json.loads(json.dumps(d | {"posemb": __version__}))
+
+    def race_eval_lens(self) -> tuple[int, ...]:
+        """Where the race scores: the race length and twice it (when evaluated at all)."""
+        return tuple(n for n in (self.race_len, 2 * self.race_len) if n <= self.eval_lens[-1])
+
+
+def quick_config(**overrides: Any) -> LabConfig:
+    """A small protocol that runs in well under a minute: proves the lab works, and still shows
+    sinusoidal collapsing past its training length while ALiBi does not."""
+    base = LabConfig(
+        variants=("sinusoidal", "alibi", "rope", "rope+pi"),
+        train_len=32,
+        eval_lens=(32, 64, 128),
+        steps=300,
+        width=64,
+        layers=2,
+        heads=4,
+        batch=16,
+        lr=3e-3,
+        eval_windows=8,
+        checkpoint_every=50,
+        retrieval_steps=400,
+        retrieval_width=32,
+        retrieval_lr=1e-2,
+        retrieval_probes=32,
+        entropy_windows=2,
+        race_len=64,
+        race_steps=(0, 20, 40),
+        race_entrants=("rope", "rope+pi", "rope+yarn"),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def gpu_config(**overrides: Any) -> LabConfig:
+    """``--preset gpu``: closer to the ALiBi paper's setting (Press et al. 2022 train at 512
+    tokens and compare sinusoidal, rotary, T5 bias and ALiBi on longer inputs), for one GPU.
+
+    Train at 512 characters, evaluate at 512-8192 (1x-16x); 8 layers, width 512, 8 heads
+    (25.2M parameters outside the 63-character embedding and output layers); 2,000 steps of
+    32 windows (16,384 tokens a step, 32.8M tokens: ~8 passes over the 3.9M training
+    characters of the KJV, so watch the held-out loss); on CUDA. The learning rate, 1e-3, is
+    a guess for this width, not tuned. ``rope+yarn`` costs only evaluation. Tasks: loss and
+    attention entropy; retrieval and the race are the CPU protocol's (their small models and
+    the race's fine-tuning run on the CPU whatever ``--device`` says).
+
+    Expected run time: about 15-20 minutes on one H200. This is an ESTIMATE from FLOPs, not a
+    measurement (it was written on a CPU-only machine):
+
+    - per step, 6 N T = 6 x 25.2e6 x 16,384 = 2.48e12 FLOPs for the weights (forward 2,
+      backward 4 per parameter and token), plus attention 3 x 4 B L^2 d x layers =
+      3 x 4 x 32 x 512^2 x 512 x 8 = 0.41e12 (scores and weighted sum, forward and backward,
+      the causal half not subtracted), plus 0.003e12 for the output layer: ~2.9e12;
+    - 2,000 steps: 5.8e15 FLOPs per trained model, 4 models (sinusoidal, rope, t5, alibi):
+      2.3e16;
+    - assumed sustained throughput 20-25e12 FLOP/s: torch computes float32 matmuls without
+      TF32 by default, and an H200's float32 peak is ~67e12 FLOP/s; small matmuls, layer
+      norms, GELU and AdamW take a share of that: 3.9-4.8 minutes per model, 15-19 minutes for
+      four; evaluation (16 windows at each length, 3 variants on the rope model) adds ~3e13
+      FLOPs per pass, seconds.
+
+    The same arithmetic for the default model (4 layers, width 128) at 32 windows of 128
+    tokens gives 2.2e10 FLOPs a step, and the project's 2-core CPU measures 440-520 ms a step
+    there (~47e9 FLOP/s), so the FLOP count is of the right size; the GPU's sustained fraction
+    is the uncertain part. ``--data-parallel`` over N GPUs divides the training time by up to
+    N (``--batch`` must be a multiple of N).
+    """
+    base = LabConfig(
+        variants=("sinusoidal", "rope", "t5", "alibi", "rope+yarn"),
+        train_len=512,
+        eval_lens=(512, 1024, 2048, 4096, 8192),
+        steps=2000,
+        width=512,
+        layers=8,
+        heads=8,
+        batch=32,
+        lr=1e-3,
+        eval_windows=16,
+        checkpoint_every=250,
+        workers=1,
+        device="cuda",
+        tasks=("lm", "entropy"),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "EVAL_SEED",
+    "FINETUNE_LR_FRACTION",
+    "TASKS",
+    "WEIGHT_DECAY",
+    "LabConfig",
+    "gpu_config",
+    "quick_config",
+]
