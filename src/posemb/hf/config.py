@@ -12,147 +12,26 @@ in :mod:`posemb.hf`.
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import pathlib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
 
 from .. import _checks, _extras, _io
-from .. import scaling as sc
 from .. import temperature as _temperature
 from .._errors import InputError
-from ..rope import Layout, RotaryEmbedding
-from ..temperature import QueryTemperature
+from ..rope import RotaryEmbedding
 from . import rope_types
-from .families import CLASS_HEAD_DIM, Family, family_for, partial_default
+from .families import Family, family_for
+from .kind import Missing, check_keys, read_kind
 from .rope_types import ROPE_KEYS, ROPE_TYPES
+from .spec import LayerKind, ModelRope, RopeSpec
 
 DEFAULT_THETA = 10000.0  # transformers' default_theta; posemb never assumes it (see rope_spec)
 
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """Everything posemb needs from a config to build the RoPE of one kind of layer.
-
-    Attributes:
-        rope_type: one of :data:`ROPE_TYPES` (legacy spellings resolved).
-        head_dim: channels the RoPE acts on: the attention head, or its rotary part for
-            multi-head latent attention (``qk_rope_head_dim``), or ``global_head_dim`` for the
-            full-attention layers that have one.
-        rotary_dim: channels that rotate (``head_dim`` for proportional RoPE).
-        base: ``rope_theta`` (or the family's spelling of it).
-        scaling: the RoPE scaling.
-        max_position_embeddings: as configured (None if absent).
-        original_context: the length the model was pre-trained at, when the config says
-            (``original_max_position_embeddings``, else ``max_position_embeddings``).
-        layout: the pairing the family's checkpoints rotate in.
-        mrope_section: multimodal RoPE: frequency pairs per axis (temporal, height, width).
-        mrope_interleaved: Qwen3-VL's interleaved assignment of pairs to axes.
-        temperature: the position-dependent factor on the queries that the family applies
-            beside RoPE (None: none).
-        layer_type: the layer type this spec is for (None: every layer).
-        model_type: the text config's ``model_type``.
-        notes: what a reader should know: defaults taken from ``transformers``, values that
-            change nothing, legacy spellings.
-    """
-
-    rope_type: str
-    head_dim: int
-    rotary_dim: int
-    base: float
-    scaling: sc.RopeScaling
-    max_position_embeddings: int | None
-    original_context: int | None
-    layout: Layout = Layout.HALF
-    mrope_section: tuple[int, int, int] | None = None
-    mrope_interleaved: bool = False
-    temperature: QueryTemperature | None = None
-    layer_type: str | None = None
-    model_type: str | None = None
-    notes: tuple[str, ...] = ()
-
-    def same_rope(self, other: RopeSpec) -> bool:
-        """True when both describe the same rotation (ignoring layer type and notes)."""
-        return replace(self, layer_type=None, notes=()) == replace(other, layer_type=None, notes=())
-
-
-@dataclass(frozen=True)
-class LayerKind:
-    """One kind of layer and what it does with positions.
-
-    Attributes:
-        layer_type: the config's name for it (``layer_types`` entry; ``"rope"``/``"nope"`` for
-            Llama 4's ``no_rope_layers``); None when one RoPE serves every layer.
-        spec: its RoPE, or None for a layer that rotates nothing.
-        layers: the indices of the layers of this kind (empty when the config does not list them).
-        reason: why a layer kind rotates nothing.
-        temperature: the query temperature of a kind without RoPE (Llama 4's NoPE layers).
-    """
-
-    layer_type: str | None
-    spec: RopeSpec | None
-    layers: tuple[int, ...] = ()
-    reason: str = ""
-    temperature: QueryTemperature | None = None
-
-
-@dataclass(frozen=True)
-class ModelRope:
-    """What a whole config says about positions: its layer kinds, in order of first use.
-
-    Attributes:
-        model_type: the text config's ``model_type``.
-        family: the rule that read it (a :class:`~posemb.hf.families.Family` name).
-        text_config: where the text model's settings were read (``""`` for the top level,
-            e.g. ``"text_config"``).
-        kinds: the layer kinds.
-        resolved_from: the ``transformers`` config class that filled keys the file leaves to
-            the class defaults ("" when none were needed).
-    """
-
-    model_type: str | None
-    family: str
-    text_config: str
-    kinds: tuple[LayerKind, ...]
-    resolved_from: str = ""
-
-    @property
-    def per_layer_type(self) -> bool:
-        """True when the config distinguishes layer kinds."""
-        return not (len(self.kinds) == 1 and self.kinds[0].layer_type is None)
-
-    def kind(self, layer_type: str | None) -> LayerKind:
-        """The kind named ``layer_type``; None picks the single RoPE shared by every kind."""
-        names = [k.layer_type for k in self.kinds]
-        if not self.per_layer_type:
-            if layer_type is not None:
-                raise InputError(
-                    f"layer_type {layer_type!r} given, but this config has one RoPE for every layer"
-                )
-            return self.kinds[0]
-        if layer_type is None:
-            with_rope = [k for k in self.kinds if k.spec is not None]
-            specs = [k.spec for k in with_rope]
-            first = specs[0] if specs else None
-            if first is not None and all(s is not None and s.same_rope(first) for s in specs):
-                return replace(with_rope[0], layer_type=None, spec=replace(first, layer_type=None))
-            raise InputError(
-                f"this config gives each layer type its own RoPE ({', '.join(map(repr, names))}); "
-                f"pass layer_type"
-            )
-        for k in self.kinds:
-            if k.layer_type == layer_type:
-                return k
-        raise InputError(
-            f"layer_type {layer_type!r} is not a layer type of this config; allowed: "
-            f"{', '.join(map(repr, names))}"
-        )
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
@@ -182,14 +61,6 @@ def _as_dict(config: object) -> dict[str, object]:
 
 _num = _checks.number
 _int = _checks.positive_int
-
-
-class _Missing(Exception):
-    """A key the file leaves to the model class's default (resolved through transformers)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
 
 
 def _text_part(d: dict[str, object]) -> tuple[dict[str, object], str]:
@@ -247,7 +118,7 @@ def _kinds(
         if not flags:
             # Llama4TextConfig builds the pattern from no_rope_layer_interval when the list
             # is null or empty, as Llama 4's published configs leave it.
-            raise _Missing("no_rope_layers")
+            raise Missing("no_rope_layers")
         if not isinstance(flags, list) or not all(f in (0, 1) for f in flags):
             raise InputError(f"no_rope_layers must be a list of 0/1 per layer, got {flags!r}")
         layers = text.get("num_hidden_layers")
@@ -278,277 +149,8 @@ def _kinds(
     return [(None, ())]
 
 
-def _check_keys(
-    where: str, p: dict[str, object], rope_type: str, fam: Family, strict: bool
-) -> list[str]:
-    """Refuse (or, lenient, list) rope keys that the rope type does not read."""
-    allowed = ROPE_KEYS[rope_type] | fam.rope_keys
-    unknown = sorted(k for k in p if k not in allowed)
-    if not unknown:
-        return []
-    if strict:
-        k = unknown[0]
-        close = difflib.get_close_matches(k, sorted(allowed), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InputError(
-            f"{where}[{k!r}] is not read by rope_type {rope_type!r}{hint}; allowed keys: "
-            f"{', '.join(sorted(allowed))} (strict=False / --lenient ignores it with a warning)"
-        )
-    warnings.warn(
-        f"{where}: ignored keys not read by rope_type {rope_type!r}: {', '.join(unknown)}",
-        UserWarning,
-        stacklevel=4,
-    )
-    return [f"ignored keys (lenient): {', '.join(unknown)}"]
-
-
-def _head_dim(
-    text: dict[str, object], fam: Family, layer_type: str | None, model_type: str | None
-) -> tuple[int, str]:
-    """Channels the RoPE acts on, and the key that said so."""
-    if fam.rope_head_dim_key is not None:
-        v = text.get(fam.rope_head_dim_key)
-        if v is None:
-            raise _Missing(fam.rope_head_dim_key)
-        return _int(fam.rope_head_dim_key, v), fam.rope_head_dim_key
-    if fam.global_head_dim_key is not None and layer_type == "full_attention":
-        key = fam.global_head_dim_key
-        if text.get(key) is None:
-            raise _Missing(key)
-        return _int(key, text[key]), key
-    if text.get("head_dim") is not None:
-        return _int("head_dim", text["head_dim"]), "head_dim"
-    if model_type in CLASS_HEAD_DIM:
-        raise _Missing("head_dim")  # its class's own default, read through the class
-    hidden = text.get("hidden_size", text.get("n_embd"))
-    heads = text.get("num_attention_heads", text.get("n_head"))
-    if hidden is None:
-        raise _Missing("head_dim")
-    if heads is None:
-        raise _Missing("num_attention_heads")
-    return _int("hidden_size", hidden) // _int("num_attention_heads", heads), "hidden_size"
-
-
-def _agree(key: str, value: object, generic: str, generic_value: object, fam: Family) -> None:
-    """Refuse a generic key that the family's class ignores when it says something else."""
-    if generic_value is None or generic_value == value:
-        return
-    said = "absent" if value is None else f"{value!r}"
-    raise InputError(
-        f"{generic} is {generic_value!r}, but {fam.name}'s config class reads {key} ({said}) and "
-        f"ignores {generic}; give {key} the intended value (or make them agree)"
-    )
-
-
-def _read_kind(
-    text: dict[str, object],
-    fam: Family,
-    model_type: str | None,
-    src: str,
-    p: dict[str, object] | None,
-    layer_type: str | None,
-    strict: bool,
-    checked: set[int],
-) -> RopeSpec:
-    """One layer kind's RopeSpec from its rope dict ``p`` (as written) and the text config."""
-    notes: list[str] = []
-    p = dict(p or {})
-    raw_type = p.get("rope_type") or p.get("type") or "default"
-    legacy = p.get("type")
-    aliases = fam.rope_type_aliases
-    if (
-        p.get("rope_type")
-        and legacy
-        and aliases.get(legacy, legacy) != aliases.get(p["rope_type"], p["rope_type"])  # type: ignore[call-overload]
-    ):
-        raise InputError(
-            f"{src}['rope_type'] is {p['rope_type']!r} but {src}['type'] is {legacy!r}; "
-            f"they must agree (or give only rope_type)"
-        )
-    if not isinstance(raw_type, str):
-        raise InputError(f"{src}['rope_type'] must be a string, got {raw_type!r}")
-    rope_type = fam.rope_type_aliases.get(raw_type, raw_type)
-    if rope_type != raw_type:
-        notes.append(f"legacy rope type {raw_type!r} read as {rope_type!r}")
-    rope_type = rope_types.resolve(rope_type, p, model_type)
-    row = rope_types.TABLE.get(rope_type)
-    if row is None or (row.model_types is not None and model_type not in row.model_types):
-        known = [n for n, t in rope_types.TABLE.items() if t.model_types is None]
-        raise InputError(
-            f"{src}['rope_type'] is {raw_type!r}; known rope types: {', '.join(known)}"
-        )
-    if row.note:
-        notes.append(row.note)
-    if id(p) not in checked:
-        notes += _check_keys(src, p, rope_type, fam, strict)
-
-    # The base: the rope dict, then the family's own spelling (which its class reads instead of
-    # the generic one), the top level, a base fixed by the modeling code; never a silent default.
-    local = fam.local_theta_key is not None and layer_type == "sliding_attention"
-    theta = p.get("rope_theta")
-    if theta is None and local:
-        key = str(fam.local_theta_key)
-        theta = text.get(key)
-        if theta is None:
-            raise _Missing(key)
-    if theta is None and fam.theta_key is not None:
-        theta = text.get(fam.theta_key)
-        _agree(fam.theta_key, theta, "rope_theta", text.get("rope_theta"), fam)
-        if theta is None:
-            raise _Missing(fam.theta_key)
-    if theta is None:
-        theta = text.get("rope_theta")
-    if theta is None and fam.fixed_theta is not None:
-        theta = fam.fixed_theta
-    # A missing base is resolved after the rest is checked, so that the file's own mistakes
-    # are named first.
-    base = None if theta is None else _num(f"{src}['rope_theta']", theta, minimum=1, strict=True)
-
-    head_dim, _ = _head_dim(text, fam, layer_type, model_type)
-    partial_raw = p.get("partial_rotary_factor")
-    if partial_raw is None and fam.partial_key is not None:
-        partial_raw = text.get(fam.partial_key)
-        _agree(
-            fam.partial_key,
-            partial_raw,
-            "partial_rotary_factor",
-            text.get("partial_rotary_factor"),
-            fam,
-        )
-    elif partial_raw is None:
-        partial_raw = text.get("partial_rotary_factor")
-    class_partial = partial_default(model_type, fam)
-    # An explicit null is not an absent key: transformers then rotates the whole head (Phi-2
-    # and StableLM 2 with "partial_rotary_factor": null), where a missing key gets the class's
-    # default.
-    places = (
-        (p, "partial_rotary_factor"),
-        (text, "partial_rotary_factor"),
-        (text, fam.partial_key),
-    )
-    said_null = any(k is not None and k in where and where[k] is None for where, k in places)
-    if partial_raw is None and class_partial is not None and said_null:
-        notes.append(
-            f"partial_rotary_factor is null: the whole head rotates, as in transformers 5.24 "
-            f"(the {model_type!r} class default {class_partial} is for a file without the key)"
-        )
-    elif partial_raw is None and class_partial is not None:
-        partial_raw = class_partial
-        notes.append(
-            f"partial_rotary_factor not set: the {model_type!r} class default {class_partial} "
-            f"(as in transformers 5.24)"
-        )
-    # 0 is meaningful for proportional RoPE (no pair rotates); elsewhere the rotary-dimension
-    # check below rejects it.
-    partial = 1.0 if partial_raw is None else _num("partial_rotary_factor", partial_raw, minimum=0)
-    if partial > 1:
-        raise InputError(f"partial_rotary_factor must be in [0, 1], got {partial!r}")
-    if fam.rotary_dim_key is not None:
-        rd = text.get(fam.rotary_dim_key)
-        if rd is None:
-            raise InputError(
-                f"{fam.rotary_dim_key} is null: transformers' {fam.tested_with.split(' ')[0]} then "
-                f"forms frequencies over hidden_size, not the head; posemb does not read this"
-            )
-        rotary_dim = _int(fam.rotary_dim_key, rd)
-        if rotary_dim > head_dim:
-            raise InputError(
-                f"{fam.rotary_dim_key} {rotary_dim} exceeds the head dimension {head_dim}"
-            )
-    elif rope_type == "proportional":
-        rotary_dim = head_dim
-    else:
-        rotary_dim = int(head_dim * partial)
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise InputError(
-            f"rotary dimension int(head_dim * partial_rotary_factor) = {rotary_dim} must be even "
-            f"and >= 2 (head_dim={head_dim}, partial_rotary_factor={partial})"
-        )
-
-    layout = fam.default_layout
-    if fam.layout_key is not None and text.get(fam.layout_key) is not None:
-        flag = text[fam.layout_key]
-        if not isinstance(flag, bool):
-            raise InputError(f"{fam.layout_key} must be true or false, got {flag!r}")
-        layout = Layout.INTERLEAVED if flag else Layout.HALF
-
-    max_pos = text.get("max_position_embeddings", text.get("n_positions"))
-    if max_pos is not None:
-        max_pos = _int("max_position_embeddings", max_pos)
-    raw_orig = text.get("original_max_position_embeddings")
-    if raw_orig is None:
-        raw_orig = p.get("original_max_position_embeddings")
-    orig = None if raw_orig is None else _int("original_max_position_embeddings", raw_orig)
-    if row.needs_original and orig is None:
-        raise InputError(
-            f"{src}['original_max_position_embeddings'] is missing: rope_type {rope_type!r} needs "
-            f"the pre-training context length (a positive integer)"
-        )
-
-    reading = rope_types.RopeDict(src, p, rope_type, rotary_dim, partial, max_pos, orig or 0)
-    scaling = rope_types.read(reading)
-    notes += reading.notes
-    if base is None:
-        raise _Missing("rope_theta")
-
-    section: tuple[int, int, int] | None = None
-    interleaved = False
-    if p.get("mrope_section") is not None:
-        raw = p["mrope_section"]
-        if not (isinstance(raw, list) and len(raw) == 3):
-            raise InputError(f"{src}['mrope_section'] must be a list of 3 integers, got {raw!r}")
-        s0, s1, s2 = (_int(f"{src}['mrope_section'][{i}]", x) for i, x in enumerate(raw))
-        section = (s0, s1, s2)
-        if sum(section) != rotary_dim // 2:
-            raise InputError(
-                f"{src}['mrope_section'] {list(section)} sums to {sum(section)}, but the rotary "
-                f"dimension has {rotary_dim // 2} pairs"
-            )
-        flag = p.get("mrope_interleaved", False)
-        if not isinstance(flag, bool):
-            raise InputError(f"{src}['mrope_interleaved'] must be true or false, got {flag!r}")
-        interleaved = flag
-        if fam.mrope_assignment is not None:
-            # No transformers module reads mrope_interleaved: each family's code fixes it.
-            interleaved = fam.mrope_assignment == "interleaved"
-            if "mrope_interleaved" in p and flag != interleaved:
-                notes.append(
-                    f"mrope_interleaved is {str(flag).lower()}, but {fam.name}'s module always "
-                    f"assigns pairs {fam.mrope_assignment}: read as transformers does"
-                )
-
-    temperature = None
-    if fam.temperature == "llama4_beta" and p.get("llama_4_scaling_beta") is not None:
-        beta = _num(f"{src}['llama_4_scaling_beta']", p["llama_4_scaling_beta"], minimum=0)
-        length = p.get("original_max_position_embeddings", orig)
-        if length is None:
-            raise _Missing("original_max_position_embeddings")
-        temperature = _temperature.Llama4ScalingBetaTemperature(
-            beta, _int("original_max_position_embeddings", length)
-        )
-        if beta == 0:
-            notes.append("llama_4_scaling_beta is 0: the query temperature is 1 at every position")
-
-    return RopeSpec(
-        rope_type=rope_type,
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        base=base,
-        scaling=scaling,
-        max_position_embeddings=max_pos,
-        original_context=orig if orig is not None else max_pos,
-        layout=layout,
-        mrope_section=section,
-        mrope_interleaved=interleaved,
-        temperature=temperature,
-        layer_type=layer_type,
-        model_type=model_type,
-        notes=tuple(notes),
-    )
-
-
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
-    """Read every layer kind; raises _Missing for a key left to the class default."""
+    """Read every layer kind; raises Missing for a key left to the class default."""
     text, where = _text_part(d)
     model_type = _model_type(d, text)
     fam = family_for(model_type, set(text))
@@ -570,13 +172,13 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     if fam.temperature == "llama4":
         tuning = text.get("attn_temperature_tuning")
         if tuning is None:
-            raise _Missing("attn_temperature_tuning")
+            raise Missing("attn_temperature_tuning")
         if not isinstance(tuning, bool):
             raise InputError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
         if tuning:
             for key in ("floor_scale", "attn_scale"):
                 if text.get(key) is None:
-                    raise _Missing(key)
+                    raise Missing(key)
             temperature = _temperature.Llama4AttnTemperature(
                 _int("floor_scale", text["floor_scale"]),
                 _num("attn_scale", text["attn_scale"], minimum=0),
@@ -585,7 +187,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     if (splits or fam.rope_layers != "all") and text.get("layer_types") is None:
         # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern,
         # EXAONE 4's LLLG); reading one RoPE for all would be wrong on some layers.
-        raise _Missing("layer_types")
+        raise Missing("layer_types")
     if fam.scaling_on is not None and not nested and src.endswith("rope_parameters") and params:
         raise InputError(
             f"{src} is a single rope dict, which {fam.name}'s config class does not apply to any "
@@ -594,7 +196,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         )
     window = text.get("sliding_window")
     if fam.rope_layers != "all" and "sliding_window" not in text:
-        raise _Missing("sliding_window")
+        raise Missing("sliding_window")
     force = False
     if fam.force_rope_key is not None:
         flag = text.get(fam.force_rope_key, False)
@@ -646,12 +248,12 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
             if params:
                 rope_type = params.get("rope_type") or params.get("type") or "default"
                 if isinstance(rope_type, str) and rope_type in ROPE_KEYS:
-                    notes += _check_keys(src, params, rope_type, fam, strict)
+                    notes += check_keys(src, params, rope_type, fam, strict)
                 checked.add(id(params))
             p = {"rope_type": "default"}
         else:
             p = params
-        spec = _read_kind(text, fam, model_type, where_kind, p, name, strict, checked)
+        spec = read_kind(text, fam, model_type, where_kind, p, name, strict, checked)
         if p is params:
             checked.add(id(params))
         spec = replace(spec, notes=tuple(notes) + spec.notes)
@@ -752,7 +354,7 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
     d = _as_dict(config)
     try:
         return _read(d, strict)
-    except _Missing as err:
+    except Missing as err:
         missing = err.key
     text, _ = _text_part(d)
     model_type = _model_type(d, text)
@@ -760,7 +362,7 @@ def model_rope(config: object, *, strict: bool = True) -> ModelRope:
     cls = str(filled.pop("__resolved_from__"))
     try:
         out = _read(filled, strict)
-    except _Missing as again:
+    except Missing as again:
         raise InputError(
             f"model_type {model_type!r}: {again.key!r} is missing even after transformers' "
             f"{cls} filled its defaults"
