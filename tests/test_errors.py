@@ -123,3 +123,15 @@ def test_a_bad_key_rope_does_not_read_is_not_a_crash(tmp_path, capsys):
     path.write_text(json.dumps(d))
     assert hf.rope_spec(d).base == 10000.0
     assert cli.main(["inspect", str(path)]) == 0
+
+
+def test_a_composite_class_s_head_dim_default_is_read_through_it():
+    # Voxtral's text config (model_type llama) without head_dim: VoxtralConfig gives it 128,
+    # where hidden_size / num_attention_heads = 96 (found by the differential fuzz).
+    import json
+    import pathlib
+
+    data = pathlib.Path(__file__).parent / "data" / "hf_configs"
+    d = json.loads((data / "voxtral__voxtral-mini-3b-2507.json").read_text())
+    d["text_config"].pop("head_dim", None)
+    assert hf.rope_spec(d).head_dim == 128

@@ -298,10 +298,12 @@ class Yarn(RopeScaling):
         """0 where a pair extrapolates (keeps theta_i), 1 where it interpolates, linear between."""
 
         def pair_index(turns: float) -> float:
-            # Solve L / lambda_i = turns for the pair index i (eq. 17 inverted).
+            # Solve L / lambda_i = turns for the pair index i (eq. 17 inverted), as a difference
+            # of logs: turns * 2 pi overflowed to inf for a beta of 1e308 (found by fuzzing).
+            length = math.log(self.original_max_position_embeddings)
             return (
                 rotary_dim
-                * math.log(self.original_max_position_embeddings / (turns * 2 * math.pi))
+                * (length - math.log(turns) - math.log(2 * math.pi))
                 / (2 * math.log(base))
             )
 

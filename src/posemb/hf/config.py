@@ -149,6 +149,12 @@ def _kinds(
     return [(None, ())]
 
 
+def _class_types(d: dict[str, object], text: dict[str, object]) -> frozenset[str]:
+    """The model types whose config classes build the text config: its own and, for a
+    composite, the outer one (Voxtral's class gives its Llama text config a head_dim of 128)."""
+    return frozenset(t for t in (d.get("model_type"), text.get("model_type")) if isinstance(t, str))
+
+
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
     """Read every layer kind; raises Missing for a key left to the class default."""
     text, where = _text_part(d)
@@ -253,7 +259,9 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
             p = {"rope_type": "default"}
         else:
             p = params
-        spec = read_kind(text, fam, model_type, where_kind, p, name, strict, checked)
+        spec = read_kind(
+            text, fam, model_type, where_kind, p, name, strict, checked, _class_types(d, text)
+        )
         if p is params:
             checked.add(id(params))
         spec = replace(spec, notes=tuple(notes) + spec.notes)

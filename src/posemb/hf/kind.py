@@ -56,7 +56,7 @@ def check_keys(
 
 
 def _head_dim(
-    text: dict[str, object], fam: Family, layer_type: str | None, model_type: str | None
+    text: dict[str, object], fam: Family, layer_type: str | None, class_types: frozenset[str]
 ) -> tuple[int, str]:
     """Channels the RoPE acts on, and the key that said so."""
     if fam.rope_head_dim_key is not None:
@@ -71,7 +71,7 @@ def _head_dim(
         return _int(key, text[key]), key
     if text.get("head_dim") is not None:
         return _int("head_dim", text["head_dim"]), "head_dim"
-    if model_type in CLASS_HEAD_DIM:
+    if class_types & CLASS_HEAD_DIM:
         raise Missing("head_dim")  # its class's own default, read through the class
     hidden = text.get("hidden_size", text.get("n_embd"))
     heads = text.get("num_attention_heads", text.get("n_head"))
@@ -101,6 +101,9 @@ def _rope_type(
     legacy = p.get("type")
     aliases = fam.rope_type_aliases
     named = p.get("rope_type")
+    for key, value in (("rope_type", named), ("type", legacy)):
+        if value is not None and not isinstance(value, str):  # a list is not even hashable
+            raise InputError(f"{src}[{key!r}] must be a string, got {value!r}")
     if named and legacy and aliases.get(legacy, legacy) != aliases.get(named, named):  # type: ignore[call-overload]
         raise InputError(
             f"{src}['rope_type'] is {named!r} but {src}['type'] is {legacy!r}; "
@@ -302,16 +305,18 @@ def read_kind(
     layer_type: str | None,
     strict: bool,
     checked: set[int],
+    class_types: frozenset[str] = frozenset(),
 ) -> RopeSpec:
     """One layer kind's RopeSpec from its rope dict ``p`` (as written) and the text config
-    (``checked``: ids of rope dicts whose keys were already checked)."""
+    (``checked``: ids of rope dicts whose keys were already checked; ``class_types``: the model
+    types whose config classes build this text config, :data:`CLASS_HEAD_DIM` is asked of)."""
     notes: list[str] = []
     p = dict(p or {})
     rope_type, row = _rope_type(p, fam, src, model_type, notes)
     if id(p) not in checked:
         notes += check_keys(src, p, rope_type, fam, strict)
     base = _base(p, text, fam, src, layer_type)
-    head_dim, _ = _head_dim(text, fam, layer_type, model_type)
+    head_dim, _ = _head_dim(text, fam, layer_type, class_types | {model_type or ""})
     partial = _partial(p, text, fam, model_type, notes)
     rotary_dim = _rotary_dim(text, fam, rope_type, head_dim, partial)
     layout = _layout(text, fam)

@@ -1,0 +1,256 @@
+"""Fuzzing the doors: random shapes, dtypes, positions, head counts and values into the public
+functions and modules, and mutated copies of the published configs into ``posemb inspect``.
+
+The only allowed outcomes are a result, posemb's ``InputError`` naming what it refuses, or (on
+the command line) exit status 2 with one line. Anything else (a ``RuntimeError`` from torch, a
+``KeyError``, a traceback) is a door posemb left open.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posemb
+from posemb import cli, kernels
+
+DATA = pathlib.Path(__file__).parent / "data" / "hf_configs"
+CONFIGS = sorted(DATA.glob("*.json"))
+
+WEIRD = [None, -1, 0, 1, 3, 7, 2.5, -0.5, 1e308, float("nan"), "64", "x", True, [], [1, 2], {}]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
+
+
+def _only_refusals(call):
+    """Run ``call``; an InputError is an allowed refusal, whose message must name something."""
+    try:
+        return call()
+    except posemb.InputError as err:
+        assert str(err).strip(), "an empty refusal"
+        return None
+
+
+@given(
+    head_dim=st.sampled_from([0, 1, 2, 3, 8, 9, 64, -4]),
+    rotary_dim=st.sampled_from([None, 0, 2, 3, 8, 64, 128]),
+    base=st.sampled_from([10000.0, 1.0, 0.5, 0.0, -1.0, float("inf"), float("nan"), 1e30]),
+    layout=st.sampled_from(["half", "interleaved", "other", 3]),
+)
+def test_rotary_embedding_construction(head_dim, rotary_dim, base, layout):
+    _only_refusals(lambda: posemb.RotaryEmbedding(head_dim, base, rotary_dim, layout))
+
+
+@settings(max_examples=120)
+@given(
+    batch=st.integers(0, 3),
+    heads=st.integers(0, 4),
+    kv_heads=st.integers(0, 4),
+    seq=st.integers(0, 9),
+    head_dim=st.sampled_from([2, 6, 8, 16]),
+    dtype=st.sampled_from(DTYPES),
+    pos_kind=st.sampled_from(["none", "arange", "batched", "negative", "float", "short", "huge"]),
+    layout=st.sampled_from(["half", "interleaved"]),
+    backend=st.sampled_from(["auto", "reference", "cpu"]),
+)
+def test_rotary_embedding_forward(
+    batch, heads, kv_heads, seq, head_dim, dtype, pos_kind, layout, backend
+):
+    def call():
+        rope = posemb.RotaryEmbedding(head_dim, layout=layout, backend=backend)
+        q = torch.randn(batch, heads, seq, head_dim).to(dtype)
+        k = torch.randn(batch, kv_heads, seq, head_dim).to(dtype)
+        pos = {
+            "none": None,
+            "arange": torch.arange(seq),
+            "batched": torch.arange(seq).expand(batch, seq),
+            "negative": torch.arange(seq) - 3,
+            "float": torch.arange(seq, dtype=torch.float32),
+            "short": torch.arange(max(seq - 1, 0)),
+            "huge": torch.arange(seq) + (1 << 40),
+        }[pos_kind]
+        out_q, out_k = rope(q, k, pos)
+        assert out_q.shape == q.shape and out_k.shape == k.shape
+        assert out_q.dtype == q.dtype
+
+    _only_refusals(call)
+
+
+@settings(max_examples=120)
+@given(
+    shape=st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 5), st.integers(0, 9)),
+    kv=st.integers(0, 3),
+    table=st.sampled_from(["ok", "wide", "batch3", "float64", "1d", "none", "int"]),
+    dtype=st.sampled_from(DTYPES),
+    inplace=st.booleans(),
+    backend=st.sampled_from(["auto", "reference", "cpu", "triton", "nope"]),
+)
+def test_kernels_rotate(shape, kv, table, dtype, inplace, backend):
+    b, h, s, d = shape
+
+    def call():
+        q = torch.randn(b, h, s, d).to(dtype)
+        k = torch.randn(b, kv, s, d).to(dtype)
+        half = max(d // 2, 1)
+        cos = {
+            "ok": torch.ones(1, s, half),
+            "wide": torch.ones(1, s, d + 2),
+            "batch3": torch.ones(3, s, half),
+            "float64": torch.ones(1, s, half, dtype=torch.float64),
+            "1d": torch.ones(half),
+            "none": None,
+            "int": torch.ones(1, s, half, dtype=torch.int64),
+        }[table]
+        sin = None if cos is None else torch.zeros_like(cos)
+        return kernels.rotate(q, k, cos, sin, backend=backend, inplace=inplace)
+
+    _only_refusals(call)
+
+
+@given(
+    dim=st.sampled_from([-2, 0, 1, 2, 3, 64, 10**6]),
+    base=st.sampled_from([10000.0, 1.0, 0.0, -5.0, float("nan"), "1e4", None]),
+)
+def test_frequencies(dim, base):
+    _only_refusals(lambda: posemb.inv_freq(dim, base))
+    _only_refusals(lambda: posemb.wavelengths(dim, base))
+
+
+def _paths(d, prefix=()):
+    """Every (path to a key) in a nested config dict."""
+    for k, v in d.items():
+        yield (*prefix, k)
+        if isinstance(v, dict):
+            yield from _paths(v, (*prefix, k))
+
+
+def _mutations(seed: int, count: int):
+    """Copies of the published configs with one key dropped, renamed or given another value."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        path = rng.choice(CONFIGS)
+        d = json.loads(path.read_text(encoding="utf-8"))
+        keys = [p for p in _paths(d) if "rope" in "".join(map(str, p)) or len(p) <= 2]
+        where = rng.choice(keys)
+        parent = d
+        for k in where[:-1]:
+            parent = parent[k]
+        kind = rng.choice(["drop", "rename", "retype", "retype"])
+        if kind == "drop":
+            del parent[where[-1]]
+        elif kind == "rename":
+            parent[where[-1] + rng.choice(["_", "s", "X"])] = parent.pop(where[-1])
+        else:
+            parent[where[-1]] = copy.deepcopy(rng.choice(WEIRD))
+        yield f"{path.name}: {kind} {'.'.join(map(str, where))}", d
+
+
+MUTATIONS = int(os.environ.get("POSEMB_FUZZ_MUTATIONS", "300"))
+
+
+def test_mutated_published_configs_are_read_or_refused_in_one_line(tmp_path, capsys):
+    tried, refused = 0, 0
+    for label, d in _mutations(seed=20, count=MUTATIONS):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(d))
+        try:
+            status = cli.main(["inspect", str(path)])
+        except Exception as err:  # the door left open: say which mutation
+            pytest.fail(f"{label}: {type(err).__name__}: {err}")
+        out = capsys.readouterr()
+        assert status in (0, 2), label
+        if status == 2:
+            refused += 1
+            lines = out.err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("posemb inspect: error:"), label
+        tried += 1
+    assert tried == MUTATIONS and 0 < refused < tried
+
+
+def test_what_the_config_fuzz_found_before_the_fix(tmp_path, capsys):
+    """Two doors 15,000 mutations found open: a YaRN beta of 1e308 (turns * 2 pi overflowed,
+    math.log(0) in the ramp) and a rope_type that is a list (unhashable in the alias lookup)."""
+    kimi = json.loads((DATA / "kimi_k2__kimi-k2-instruct.json").read_text())
+    kimi["rope_scaling"]["beta_fast"] = 1e308
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(kimi))
+    assert cli.main(["inspect", str(path)]) == 0  # every pair's ramp index is below 0: kept
+    listed = json.loads((DATA / "mistral3__devstral-small-2-24b-instruct.json").read_text())
+    listed["text_config"]["rope_parameters"]["rope_type"] = [1, 2]
+    path.write_text(json.dumps(listed))
+    assert cli.main(["inspect", str(path)]) == 2
+    assert "['rope_type'] must be a string, got [1, 2]" in capsys.readouterr().err
+
+
+DIFFERENTIAL = int(os.environ.get("POSEMB_FUZZ_DIFFERENTIAL", "200"))
+
+
+def _transformers_reading(d: dict):
+    """transformers' per-layer-type (inv_freq, attention factor) for ``d``, or None when its
+    config class or rotary module refuses it."""
+    import warnings
+
+    hr = pytest.importorskip("hf_reference")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, ref = hr.hf_frequencies(hr.hf_config(copy.deepcopy(d)), None)
+    except Exception:  # transformers refused it (its own error types, all of them)
+        return None
+    return ref or None
+
+
+def test_where_posemb_and_transformers_both_read_a_mutated_config_they_agree():
+    """The same mutated published configs into posemb and into transformers' config class and
+    rotary module: where both accept one, every layer kind's frequencies and attention factor
+    agree (a Gemma 2 without head_dim, a null partial_rotary_factor and a torch_dtype of 1e308
+    were the silently wrong readings and the crash this found, now fixed)."""
+    import warnings
+
+    from posemb import hf
+
+    hr = pytest.importorskip("hf_reference")
+    both, disagree = 0, []
+    for label, d in _mutations(seed=7, count=DIFFERENTIAL):
+        mt = d.get("model_type")
+        # Stand-ins read custom code's keys; files transformers itself misreads (GLM-4.1V's
+        # top-level text keys) are compared in the nested form in test_hf_real_configs.
+        if not isinstance(mt, str) or mt in hr.STAND_INS or mt in hr.NESTED_FOR_TRANSFORMERS:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = hf.model_rope(copy.deepcopy(d))
+        except (posemb.InputError, ImportError):
+            continue
+        ref = _transformers_reading(d)
+        if ref is None:
+            continue
+        both += 1
+        for kind in model.kinds:
+            if kind.spec is None:
+                continue
+            want = ref.get(kind.layer_type, ref.get(None))
+            if want is None:
+                continue
+            spec = kind.spec
+            inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base, None)
+            want_inv, want_factor = want
+            if not bool(torch.isfinite(want_inv).all() and (want_inv > 0).all()):
+                continue  # transformers' float32 failed (a base of 1e308); posemb's float64 not
+            same = inv.shape == want_inv.shape and bool(
+                ((inv - want_inv).abs() / want_inv.abs().clamp_min(1e-300)).max()
+                <= hr.inv_freq_tolerance(spec.base)
+            )
+            if not same or abs(factor - want_factor) > 1e-9 * max(1.0, abs(want_factor)):
+                disagree.append(f"{label} [{kind.layer_type}]")
+    assert both >= DIFFERENTIAL // 4, both
+    print(f"differential: {DIFFERENTIAL} mutations, {both} read by both")
+    assert not disagree, disagree[:5]
