@@ -11,6 +11,7 @@ import pathlib
 import sys
 import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from ._errors import InputError
 
@@ -279,14 +280,8 @@ def _positive(text: str) -> int:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``posemb`` command."""
-    parser = argparse.ArgumentParser(
-        prog="posemb",
-        description="Positional encodings for transformers: checked claims, tables, tools.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+def _add_verify(sub: Any) -> None:
+    """The ``posemb verify`` subcommand."""
     verify = sub.add_parser(
         "verify",
         help="check the lesson's mathematical claims and print what was measured",
@@ -309,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=_cmd_verify)
 
+
+def _add_lesson(sub: Any) -> None:
+    """The ``posemb lesson`` subcommand."""
     lesson = sub.add_parser(
         "lesson",
         help="build the lesson as an offline, interactive page with every claim checked",
@@ -327,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     lesson.add_argument("--open", action="store_true", help="open the page in a browser")
     lesson.set_defaults(func=_cmd_lesson)
 
-    from .hf import K_PATTERN, Q_PATTERN
+
+def _add_inspect(sub: Any) -> None:
+    """The ``posemb inspect`` subcommand."""
 
     inspect = sub.add_parser(
         "inspect",
@@ -351,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
 
+
+def _add_convert(sub: Any) -> None:
+    """The ``posemb convert`` subcommand."""
+    from .hf import K_PATTERN, Q_PATTERN
+
     convert = sub.add_parser(
         "convert",
         help="permute q/k weights of a safetensors checkpoint between RoPE layouts",
@@ -370,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--force", action="store_true", help="replace an existing output")
     convert.set_defaults(func=_cmd_convert)
 
+
+def _add_bench(sub: Any) -> None:
+    """The ``posemb bench`` subcommand."""
     bench = sub.add_parser(
         "bench",
         help="time posemb's RoPE paths against bandwidth references and other libraries",
@@ -398,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print JSON instead of the table")
     bench.set_defaults(func=_cmd_bench)
 
+
+def _add_kernels(sub: Any) -> None:
+    """The ``posemb kernels`` subcommand."""
     kern = sub.add_parser(
         "kernels",
         help="say which RoPE backends can run here, and where the CPU op came from",
@@ -411,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     kern.add_argument("--json", action="store_true", help="print a JSON object instead")
     kern.set_defaults(func=_cmd_kernels)
 
+
+def _add_lab(sub: Any) -> None:
+    """The ``posemb lab`` subcommand."""
     from .lab.model import VARIANTS
 
     lab = sub.add_parser(
@@ -468,6 +482,23 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--quick", action="store_true", help="the same as --preset quick")
     lab.add_argument("--json", action="store_true", help="print results as JSON, no progress")
     lab.set_defaults(func=_cmd_lab)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``posemb`` command."""
+    parser = argparse.ArgumentParser(
+        prog="posemb",
+        description="Positional encodings for transformers: checked claims, tables, tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_verify(sub)
+    _add_lesson(sub)
+    _add_inspect(sub)
+    _add_convert(sub)
+    _add_bench(sub)
+    _add_kernels(sub)
+    _add_lab(sub)
     return parser
 
 
