@@ -31,6 +31,7 @@ by up to a few float32 roundoffs of the angle, about ``p * 2^-23`` rad at positi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -346,16 +347,7 @@ def mrope_position_ids(
     ids = _checks.positions(input_ids, name="input_ids")
     if ids.dim() != 2:
         raise InputError(f"input_ids must have shape (batch, seq), got {tuple(ids.shape)}")
-    batch, seq = ids.shape
-    if attention_mask is None:
-        keep = torch.ones(batch, seq, dtype=torch.bool)
-    else:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
-            got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else None
-            raise InputError(
-                f"attention_mask must be a tensor of input_ids' shape {tuple(ids.shape)}, got {got}"
-            )
-        keep = attention_mask.bool().cpu()
+    keep = _kept(ids, attention_mask)
     merge = _checks.positive_int("spatial_merge_size", spatial_merge_size)
     for name, tok in (("image_token_id", image_token_id), ("video_token_id", video_token_id)):
         if isinstance(tok, bool) or not isinstance(tok, int):
@@ -369,42 +361,17 @@ def mrope_position_ids(
         )
     images = _grid("image_grid_thw", image_grid_thw, merge)
     videos = _grid("video_grid_thw", video_grid_thw, merge)
-    if tokens_per_second is None:
-        tps = 1.0
-        if second_per_grid_ts is not None:
-            raise InputError(
-                "second_per_grid_ts needs tokens_per_second (Qwen2.5-VL's "
-                "vision_config.tokens_per_second); pass both or neither"
-            )
-    else:
-        tps = _checks.number("tokens_per_second", tokens_per_second, minimum=0.0)
-    if second_per_grid_ts is None:
-        seconds = [1.0] * len(videos)
-    else:
-        raw = (
-            second_per_grid_ts.tolist()
-            if isinstance(second_per_grid_ts, torch.Tensor)
-            else list(second_per_grid_ts)
-        )
-        if len(raw) != len(videos):
-            raise InputError(
-                f"second_per_grid_ts must have one value per video ({len(videos)}), got {len(raw)}"
-            )
-        seconds = [_checks.number("second_per_grid_ts", s, minimum=0.0) for s in raw]
-    # Items in order: (kind, t, h/m, w/m, temporal step); 1 = image, 2 = video.
-    queues: dict[int, list[tuple[int, int, int, float]]] = {
-        1: [(t, h // merge, w // merge, 1.0) for t, h, w in images],
-        2: [],
-    }
-    for (t, h, w), sec in zip(videos, seconds, strict=True):
-        if frames_apart:
-            queues[2] += [(1, h // merge, w // merge, 1.0)] * t
-        else:
-            queues[2].append((t, h // merge, w // merge, sec * tps))
-    used = {1: 0, 2: 0}
-    names = {1: "image", 2: "video"}
-    grids = {1: "image_grid_thw", 2: "video_grid_thw"}
-
+    steps = _video_steps(len(videos), second_per_grid_ts, tokens_per_second)
+    items = _Items(
+        {
+            1: [(t, h // merge, w // merge, 1.0) for t, h, w in images],
+            2: _video_items(videos, steps, merge, frames_apart),
+        },
+        (image_token_id, video_token_id),
+        merge,
+        frames_apart,
+    )
+    batch, seq = ids.shape
     out = torch.zeros(3, batch, seq, dtype=torch.int64)
     deltas = torch.zeros(batch, 1, dtype=torch.int64)
     starts = 0
@@ -412,7 +379,115 @@ def mrope_position_ids(
         tokens = ids[b].cpu()[keep[b]].tolist()
         if vision_start_token_id is not None:
             starts += tokens.count(vision_start_token_id)
-        kinds = [1 if x == image_token_id else 2 if x == video_token_id else 0 for x in tokens]
+        pos = items.positions(tokens, b, text_after_vision)
+        if pos is not None:
+            out[:, b, keep[b]] = pos
+            deltas[b, 0] = int(pos.max()) + 1 - len(tokens)
+    items.check_all_used()
+    used = items.used
+    if vision_start_token_id is not None and starts != used[1] + used[2]:
+        raise InputError(
+            f"image_grid_thw and video_grid_thw describe {used[1]} images and {used[2]} videos"
+            f"{' (frames)' if frames_apart else ''} but input_ids hold {starts} vision_start "
+            f"tokens (vision_start_token_id={vision_start_token_id}); allowed: one per item"
+        )
+    return out.to(ids.device), deltas.to(ids.device)
+
+
+def _kept(ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The tokens ``attention_mask`` keeps, ``(batch, seq)`` bool on the CPU."""
+    if attention_mask is None:
+        return torch.ones(ids.shape, dtype=torch.bool)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else None
+        raise InputError(
+            f"attention_mask must be a tensor of input_ids' shape {tuple(ids.shape)}, got {got}"
+        )
+    return attention_mask.bool().cpu()
+
+
+def _video_steps(
+    videos: int,
+    second_per_grid_ts: torch.Tensor | Sequence[float] | None,
+    tokens_per_second: float | None,
+) -> list[float]:
+    """Each video's temporal id step: seconds per temporal patch times ids per second
+    (Qwen2.5-VL), 1 without ``tokens_per_second`` (Qwen2-VL)."""
+    if tokens_per_second is None:
+        if second_per_grid_ts is not None:
+            raise InputError(
+                "second_per_grid_ts needs tokens_per_second (Qwen2.5-VL's "
+                "vision_config.tokens_per_second); pass both or neither"
+            )
+        tps = 1.0
+    else:
+        tps = _checks.number("tokens_per_second", tokens_per_second, minimum=0.0)
+    if second_per_grid_ts is None:
+        return [tps] * videos
+    raw = (
+        second_per_grid_ts.tolist()
+        if isinstance(second_per_grid_ts, torch.Tensor)
+        else list(second_per_grid_ts)
+    )
+    if len(raw) != videos:
+        raise InputError(
+            f"second_per_grid_ts must have one value per video ({videos}), got {len(raw)}"
+        )
+    return [_checks.number("second_per_grid_ts", s, minimum=0.0) * tps for s in raw]
+
+
+def _video_items(
+    videos: list[tuple[int, int, int]], steps: list[float], merge: int, frames_apart: bool
+) -> list[tuple[int, int, int, float]]:
+    """(t, h/m, w/m, temporal step) per video item: one per frame with ``frames_apart``."""
+    out: list[tuple[int, int, int, float]] = []
+    for (t, h, w), step in zip(videos, steps, strict=True):
+        if frames_apart:
+            out += [(1, h // merge, w // merge, 1.0)] * t
+        else:
+            out.append((t, h // merge, w // merge, step))
+    return out
+
+
+class _Items:
+    """The images (kind 1) and videos (kind 2) of a batch, used in order across it."""
+
+    NAMES: ClassVar[dict[int, str]] = {1: "image", 2: "video"}
+    GRIDS: ClassVar[dict[int, str]] = {1: "image_grid_thw", 2: "video_grid_thw"}
+
+    def __init__(
+        self,
+        queues: dict[int, list[tuple[int, int, int, float]]],
+        token_ids: tuple[int, int],
+        merge: int,
+        frames_apart: bool,
+    ) -> None:
+        self.queues, self.token_ids, self.merge = queues, token_ids, merge
+        self.frames = " (frames)" if frames_apart else ""
+        self.used = {1: 0, 2: 0}
+
+    def _next(self, kind: int, left: int, b: int) -> tuple[int, int, int, float]:
+        name, grid, queue = self.NAMES[kind], self.GRIDS[kind], self.queues[kind]
+        if self.used[kind] == len(queue):
+            raise InputError(
+                f"{grid} describes {len(queue)} {name}s{self.frames if kind == 2 else ''} but "
+                f"input_ids hold more {name} tokens ({name}_token_id="
+                f"{self.token_ids[kind - 1]}) in sequence {b}"
+            )
+        t, gh, gw, step = queue[self.used[kind]]
+        if t * gh * gw > left:
+            raise InputError(
+                f"{grid} row for {name} {self.used[kind]} fills {t * gh * gw} tokens "
+                f"(t*h*w/{self.merge}^2) but sequence {b} has a run of only {left} {name} "
+                f"tokens there"
+            )
+        self.used[kind] += 1
+        return t, gh, gw, step
+
+    def positions(self, tokens: list[int], b: int, text_after_vision: str) -> torch.Tensor | None:
+        """``(3, len(tokens))`` ids of one sequence's kept tokens (None when it has none)."""
+        image, video = self.token_ids
+        kinds = [1 if x == image else 2 if x == video else 0 for x in tokens]
         pieces: list[torch.Tensor] = []
         nxt = 0  # where the next item's numbering starts
         for kind, length in _runs(kinds):
@@ -422,21 +497,7 @@ def mrope_position_ids(
                 continue
             left = length
             while left:
-                if used[kind] == len(queues[kind]):
-                    raise InputError(
-                        f"{grids[kind]} describes {len(queues[kind])} {names[kind]}s"
-                        f"{' (frames)' if kind == 2 and frames_apart else ''} but input_ids hold "
-                        f"more {names[kind]} tokens ({names[kind]}_token_id="
-                        f"{image_token_id if kind == 1 else video_token_id}) in sequence {b}"
-                    )
-                t, gh, gw, step = queues[kind][used[kind]]
-                if t * gh * gw > left:
-                    raise InputError(
-                        f"{grids[kind]} row for {names[kind]} {used[kind]} fills {t * gh * gw} "
-                        f"tokens (t*h*w/{merge}^2) but sequence {b} has a run of only {left} "
-                        f"{names[kind]} tokens there"
-                    )
-                used[kind] += 1
+                t, gh, gw, step = self._next(kind, left, b)
                 # float64 so that a step like 0.5 s * 2 tokens/s is exact before the floor.
                 tt = torch.floor(torch.arange(t, dtype=torch.float64) * step).long()
                 grid_t, grid_h, grid_w = torch.meshgrid(
@@ -450,24 +511,16 @@ def mrope_position_ids(
                     else nxt + max(gh, gw)
                 )
                 left -= t * gh * gw
-        if pieces:
-            pos = torch.cat(pieces, dim=1)
-            out[:, b, keep[b]] = pos
-            deltas[b, 0] = int(pos.max()) + 1 - len(tokens)
-    for kind in (1, 2):
-        if used[kind] != len(queues[kind]):
-            raise InputError(
-                f"{grids[kind]} describes {len(queues[kind])} {names[kind]}s"
-                f"{' (frames)' if kind == 2 and frames_apart else ''} but input_ids hold tokens "
-                f"for {used[kind]}"
-            )
-    if vision_start_token_id is not None and starts != used[1] + used[2]:
-        raise InputError(
-            f"image_grid_thw and video_grid_thw describe {used[1]} images and {used[2]} videos"
-            f"{' (frames)' if frames_apart else ''} but input_ids hold {starts} vision_start "
-            f"tokens (vision_start_token_id={vision_start_token_id}); allowed: one per item"
-        )
-    return out.to(ids.device), deltas.to(ids.device)
+        return torch.cat(pieces, dim=1) if pieces else None
+
+    def check_all_used(self) -> None:
+        for kind in (1, 2):
+            if self.used[kind] != len(self.queues[kind]):
+                raise InputError(
+                    f"{self.GRIDS[kind]} describes {len(self.queues[kind])} {self.NAMES[kind]}s"
+                    f"{self.frames if kind == 2 else ''} but input_ids hold tokens for "
+                    f"{self.used[kind]}"
+                )
 
 
 # --- 2D RoPE of the vision tower -----------------------------------------------------------
