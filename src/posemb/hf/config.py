@@ -23,6 +23,7 @@ from .. import _checks, _extras, _io
 from .. import temperature as _temperature
 from .._errors import InputError
 from ..rope import RotaryEmbedding
+from ..temperature import QueryTemperature
 from . import rope_types
 from .families import Family, family_for
 from .kind import Missing, check_keys, read_kind
@@ -155,6 +156,49 @@ def _class_types(d: dict[str, object], text: dict[str, object]) -> frozenset[str
     return frozenset(t for t in (d.get("model_type"), text.get("model_type")) if isinstance(t, str))
 
 
+def _attn_temperature(text: dict[str, object], fam: Family) -> QueryTemperature | None:
+    """Llama 4's attention temperature of its NoPE layers, when its config turns it on."""
+    if fam.temperature != "llama4":
+        return None
+    tuning = text.get("attn_temperature_tuning")
+    if tuning is None:
+        raise Missing("attn_temperature_tuning")
+    if not isinstance(tuning, bool):
+        raise InputError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
+    if not tuning:
+        return None
+    for key in ("floor_scale", "attn_scale"):
+        if text.get(key) is None:
+            raise Missing(key)
+    return _temperature.Llama4AttnTemperature(
+        _int("floor_scale", text["floor_scale"]),
+        _num("attn_scale", text["attn_scale"], minimum=0),
+    )
+
+
+def _unrotated(
+    name: str | None,
+    layers: tuple[int, ...],
+    fam: Family,
+    force: bool,
+    window: object,
+    temperature: QueryTemperature | None,
+) -> LayerKind | None:
+    """The layer kind when the family rotates none of its layers (linear attention, EXAONE 4's
+    global layers with a window, Llama 4's NoPE layers), else None."""
+    if name is not None and name in fam.nope_layer_types:
+        return LayerKind(name, None, layers, f"{name} layers have no attention RoPE")
+    sliding_only = fam.rope_layers == "sliding_only" or (
+        fam.rope_layers == "sliding_if_window" and window is not None
+    )
+    if name != "sliding_attention" and not force and sliding_only:
+        why = "with a sliding window set, " if fam.rope_layers == "sliding_if_window" else ""
+        return LayerKind(name, None, layers, f"{fam.name}: {why}only sliding layers rotate")
+    if name == "nope" and fam.layer_kinds_from_no_rope:
+        return LayerKind(name, None, layers, "no_rope_layers marks them NoPE", temperature)
+    return None
+
+
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
     """Read every layer kind; raises Missing for a key left to the class default."""
     text, where = _text_part(d)
@@ -174,21 +218,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     checked: set[int] = set()
     # The file's own layer list is checked before anything is left to the class defaults.
     kinds = _kinds(text, fam, params, nested)
-    temperature = None
-    if fam.temperature == "llama4":
-        tuning = text.get("attn_temperature_tuning")
-        if tuning is None:
-            raise Missing("attn_temperature_tuning")
-        if not isinstance(tuning, bool):
-            raise InputError(f"attn_temperature_tuning must be true or false, got {tuning!r}")
-        if tuning:
-            for key in ("floor_scale", "attn_scale"):
-                if text.get(key) is None:
-                    raise Missing(key)
-            temperature = _temperature.Llama4AttnTemperature(
-                _int("floor_scale", text["floor_scale"]),
-                _num("attn_scale", text["attn_scale"], minimum=0),
-            )
+    temperature = _attn_temperature(text, fam)
     splits = fam.scaling_on is not None or fam.local_theta_key is not None
     if (splits or fam.rope_layers != "all") and text.get("layer_types") is None:
         # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern,
@@ -211,26 +241,9 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
         force = flag
     for name, layers in kinds:
         where_kind = src if not nested else f"{src}[{name!r}]"
-        if name is not None and name in fam.nope_layer_types:
-            kinds_out.append(LayerKind(name, None, layers, f"{name} layers have no attention RoPE"))
-            continue
-        if (
-            name != "sliding_attention"
-            and not force
-            and (
-                fam.rope_layers == "sliding_only"
-                or (fam.rope_layers == "sliding_if_window" and window is not None)
-            )
-        ):
-            why = "with a sliding window set, " if fam.rope_layers == "sliding_if_window" else ""
-            kinds_out.append(
-                LayerKind(name, None, layers, f"{fam.name}: {why}only sliding layers rotate")
-            )
-            continue
-        if name == "nope" and fam.layer_kinds_from_no_rope:
-            kinds_out.append(
-                LayerKind(name, None, layers, "no_rope_layers marks them NoPE", temperature)
-            )
+        unrotated = _unrotated(name, layers, fam, force, window, temperature)
+        if unrotated is not None:
+            kinds_out.append(unrotated)
             continue
         if nested:
             entry = params.get(name) if name is not None else None
