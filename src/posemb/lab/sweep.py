@@ -99,15 +99,15 @@ def run_job(
         model,
         opt,
         gen,
-        lambda _: next_token(windows(data.train, cfg.train_len, cfg.batch, gen)),
-        cfg.steps,
-        lambda s: warmup_cosine(s, cfg.steps, cfg.lr),
-        ckpt_path,
-        digest,
-        cfg.checkpoint_every,
-        f"{encoding} seed {seed}",
-        slot,
-        quiet,
+        batch_at=lambda _: next_token(windows(data.train, cfg.train_len, cfg.batch, gen)),
+        steps=cfg.steps,
+        lr_at=lambda s: warmup_cosine(s, cfg.steps, cfg.lr),
+        ckpt_path=ckpt_path,
+        digest=digest,
+        every=cfg.checkpoint_every,
+        label=f"{encoding} seed {seed}",
+        slot=slot,
+        quiet=quiet,
         rank=rank,
         world=world,
     )
@@ -115,27 +115,7 @@ def run_job(
     if rank != 0:
         return _dp.from_rank0(None, world)
 
-    eval_gen = torch.Generator().manual_seed(EVAL_SEED)
-    held = {
-        n: windows(data.held_out, n, cfg.eval_windows, eval_gen).to(device) for n in cfg.eval_lens
-    }
-    evals = {encoding: {n: _loss_curve(model, held[n]) for n in cfg.eval_lens}}
-    if encoding == "rope":
-        for variant in SCALINGS:
-            if variant in cfg.variants:
-                per_len = {}
-                for n in cfg.eval_lens:
-                    model.set_scaling(scaling_for(variant, cfg.train_len, n))
-                    per_len[n] = _loss_curve(model, held[n])
-                evals[variant] = per_len
-        model.set_scaling(None)
-        if cfg.finetune_steps:
-            evals["rope+pi+ft"] = _finetune_pi(model, cfg, data, gen, held)
-    entropy = {}
-    if "entropy" in cfg.tasks:
-        few = {n: w[: cfg.entropy_windows] for n, w in held.items()}
-        for variant in _entropy.variants_of(encoding, cfg.variants):
-            entropy[variant] = _entropy.measure(model, variant, few, cfg.train_len)
+    evals, entropy = _evaluate_lm(model, cfg, encoding, data, gen, device)
     result = {
         "digest": digest,
         "kind": "lm",
@@ -162,6 +142,41 @@ def run_job(
     return _dp.from_rank0(result, world)
 
 
+def _evaluate_lm(
+    model: TinyLM,
+    cfg: LabConfig,
+    encoding: str,
+    data: _corpus.Corpus,
+    gen: torch.Generator,
+    device: torch.device,
+) -> tuple[dict[str, dict[int, torch.Tensor]], dict[str, object]]:
+    """Per variant and evaluation length, the loss at each position on the fixed held-out
+    windows (the rope model also under each inference-time scaling asked for, and fine-tuned
+    with PI); and, with the entropy task, each variant's attention entropy."""
+    eval_gen = torch.Generator().manual_seed(EVAL_SEED)
+    held = {
+        n: windows(data.held_out, n, cfg.eval_windows, eval_gen).to(device) for n in cfg.eval_lens
+    }
+    evals = {encoding: {n: _loss_curve(model, held[n]) for n in cfg.eval_lens}}
+    if encoding == "rope":
+        for variant in SCALINGS:
+            if variant in cfg.variants:
+                per_len = {}
+                for n in cfg.eval_lens:
+                    model.set_scaling(scaling_for(variant, cfg.train_len, n))
+                    per_len[n] = _loss_curve(model, held[n])
+                evals[variant] = per_len
+        model.set_scaling(None)
+        if cfg.finetune_steps:
+            evals["rope+pi+ft"] = _finetune_pi(model, cfg, data, gen, held)
+    entropy: dict[str, object] = {}
+    if "entropy" in cfg.tasks:
+        few = {n: w[: cfg.entropy_windows] for n, w in held.items()}
+        for variant in _entropy.variants_of(encoding, cfg.variants):
+            entropy[variant] = _entropy.measure(model, variant, few, cfg.train_len)
+    return evals, entropy
+
+
 def _loss_curve(model: TinyLM, w: torch.Tensor) -> torch.Tensor:
     """:func:`per_position_loss` on the CPU (the result reads it position by position)."""
     return per_position_loss(model, w).cpu()
@@ -171,6 +186,7 @@ def _train_resumable(
     model: TinyLM,
     opt: torch.optim.Optimizer,
     gen: torch.Generator,
+    *,
     batch_at: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     steps: int,
     lr_at: Callable[[int], float],
@@ -180,7 +196,6 @@ def _train_resumable(
     label: str,
     slot: int,
     quiet: bool,
-    *,
     rank: int = 0,
     world: int = 1,
 ) -> float | None:
@@ -258,17 +273,17 @@ def run_retrieval_job(
         model,
         opt,
         gen,
-        lambda _: _retrieval.training_batch(
+        batch_at=lambda _: _retrieval.training_batch(
             cfg.retrieval_batch, cfg.train_len, cfg.retrieval_facts, gen
         ),
-        cfg.retrieval_steps,
-        lambda s: warmup_cosine(s, cfg.retrieval_steps, cfg.retrieval_lr),
-        ckpt_path,
-        digest,
-        cfg.checkpoint_every,
-        f"retrieval {encoding} seed {seed}",
-        slot,
-        quiet,
+        steps=cfg.retrieval_steps,
+        lr_at=lambda s: warmup_cosine(s, cfg.retrieval_steps, cfg.retrieval_lr),
+        ckpt_path=ckpt_path,
+        digest=digest,
+        every=cfg.checkpoint_every,
+        label=f"retrieval {encoding} seed {seed}",
+        slot=slot,
+        quiet=quiet,
     )
     train_s = time.time() - started
 
