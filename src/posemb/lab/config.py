@@ -120,6 +120,14 @@ class LabConfig:
     data_parallel: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        # In this order, so that the first refusal is the same whatever else is wrong.
+        self._check_names()
+        self._check_training()
+        self._check_tasks()
+        self._check_run()
+
+    def _check_names(self) -> None:
+        """Sequences, variants, tasks and race entrants: known names, once each."""
         for name in (
             "variants",
             "eval_lens",
@@ -150,6 +158,9 @@ class LabConfig:
                     f"{_flag(name)} must name one or more of {', '.join(known)} once each, got "
                     f"{list(value)}"
                 )
+
+    def _check_training(self) -> None:
+        """Sizes, lengths, seeds and learning rates of the language-model jobs."""
         for name in (*_POSITIVE, "checkpoint_every", "workers"):
             _checks.positive_int(_flag(name), getattr(self, name))
         check_heads(self.width, self.heads)
@@ -172,7 +183,11 @@ class LabConfig:
             raise InputError(f"--seeds must not repeat a seed, got {list(seeds)}")
         _checks.number("--lr", self.lr, minimum=0.0, strict=True)
         _checks.number("--retrieval-lr", self.retrieval_lr, minimum=0.0, strict=True)
+
+    def _check_tasks(self) -> None:
+        """The retrieval and race tasks' settings."""
         check_heads(self.retrieval_width, self.heads)
+        lens = self.eval_lens
         facts = self.retrieval_facts
         if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS or 2 * facts > self.train_len:
             raise InputError(
@@ -198,6 +213,9 @@ class LabConfig:
                     f"--race-seeds must be one or more distinct non-negative integers, got "
                     f"{list(rs)}"
                 )
+
+    def _check_run(self) -> None:
+        """The corpus, fine-tuning, device and data parallelism."""
         if not isinstance(self.corpus, str) or not self.corpus:
             raise InputError(
                 f"--corpus must be {_corpus.DEFAULT!r} or a path to a UTF-8 text file, got "
