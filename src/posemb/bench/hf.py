@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from torch import nn
 
 from .._errors import InputError
 from .._extras import require
-from .._version import __version__
+from .kernels import machine
 
 PARTS = ("decoder layer", "model", "rotation")
 METHODS = ("eager", "patch_rotary", "patch_rotary fused", "liger")
@@ -284,7 +283,6 @@ def run(
         progress: called with a line per measurement.
     """
     require("transformers", "posemb bench --hf")
-    import transformers
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dtype not in dtypes:
@@ -311,15 +309,7 @@ def run(
         "setup": f"{setup.layers}L w{setup.width} h{setup.heads}/{setup.kv_heads} "
         f"b{setup.batch}x{setup.seq}",
         "dtype": dtype,
-        "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "posemb": __version__,
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **machine(dev),
     }
     parts = {
         "rotation": _rotation_steps(models, setup, dtypes[dtype], dev),

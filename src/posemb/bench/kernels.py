@@ -139,6 +139,22 @@ def _version(name: str) -> str | None:
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
+def machine(dev: torch.device) -> dict[str, Any]:
+    """Where and when a benchmark ran: device, its name, threads, versions, a UTC timestamp
+    (shared by ``posemb bench`` and ``posemb bench --hf``)."""
+    return {
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "posemb": __version__,
+        "transformers": _version("transformers"),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def _methods(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, device: torch.device
 ) -> dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], Pair]]]:
@@ -273,19 +289,7 @@ def run(
         loaded = cpu.load()
         one_off["cpu_kernel_load_s"] = time.perf_counter() - t0
         cpu_op = f"{loaded.source} {loaded.variant}" if loaded else None
-    meta = {
-        "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "posemb": __version__,
-        "transformers": _version("transformers"),
-        "triton": _version("triton"),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_op": cpu_op,
-    }
+    meta = {**machine(dev), "triton": _version("triton"), "cpu_op": cpu_op}
     rows: list[Row] = []
     for shape_name in names:
         for dtype_name in DTYPES:
@@ -520,4 +524,4 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODES", "QUICK_SHAPES", "SHAPES", "Row", "run", "summary", "write_csv"]
+__all__ = ["MODES", "QUICK_SHAPES", "SHAPES", "Row", "machine", "run", "summary", "write_csv"]
