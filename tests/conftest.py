@@ -36,6 +36,16 @@ def claim_rows():
 
 
 @pytest.fixture(scope="session")
+def built_figures():
+    """Every lesson figure built once per session (the figure, page and screen tests share it)."""
+    pytest.importorskip("altair")
+    pytest.importorskip("vl_convert")
+    from posemb.lesson import figures
+
+    return figures.build_figures()
+
+
+@pytest.fixture(scope="session")
 def lesson_build(tmp_path_factory, claim_rows):
     """The lesson page built once per session from the shared claim rows."""
     pytest.importorskip("jinja2")

@@ -17,13 +17,14 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from .. import _extras
 from .._io import atomic_write, atomic_write_bytes
 from .._version import __version__
+from .schema import Summary
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -268,7 +269,7 @@ def write(summary: dict, out: str) -> list[str]:
     return plots
 
 
-def compact(summary: dict) -> dict[str, object]:
+def compact(summary: dict) -> Summary:
     """What the lesson's claims and figures need from a sweep's summary (results.json), without
     the per-position curves.
 
@@ -285,7 +286,7 @@ def compact(summary: dict) -> dict[str, object]:
     cfg = json.loads(json.dumps(summary["config"]))
     r = summary.get("retrieval")
     e = summary.get("entropy")
-    return {
+    out: dict[str, Any] = {
         "corpus": dict(summary["corpus"]),
         "unigram_entropy": summary["unigram_entropy"],
         "train_len": cfg["train_len"],
@@ -329,6 +330,7 @@ def compact(summary: dict) -> dict[str, object]:
         },
         "race": summary.get("race"),
     }
+    return cast(Summary, out)
 
 
 def write_default_summary(results_json: str, out: str | None = None) -> str:
@@ -342,10 +344,11 @@ def write_default_summary(results_json: str, out: str | None = None) -> str:
     return out
 
 
-def default_summary() -> dict[str, object]:
-    """The shipped :func:`compact` summary of the default lab run (``docs/lab/results.json``)."""
+def default_summary() -> Summary:
+    """The shipped :func:`compact` summary of the default lab run (``docs/lab/results.json``);
+    :class:`posemb.lab.schema.LabSummary` reads it."""
     text = resources.files("posemb.lab").joinpath(f"data/{DEFAULT_SUMMARY}").read_text("utf-8")
-    return json.loads(text)
+    return cast(Summary, json.loads(text))
 
 
 def markdown(summary: dict) -> str:
@@ -603,25 +606,13 @@ def _plots(summary: dict, out: str) -> list[str]:
     return written
 
 
-MARKERS = "os^vD<>pP*Xhd"
-
-
 def _style(variant: str) -> dict[str, Any]:
-    """One look per variant in every plot: a trained encoding gets a solid line in its own
-    tab10 colour, an inference-time scaling (or race entrant) a dashed line in a Dark2
-    colour. With 14 variants, the default colour cycle (10) gave two variants one look."""
-    import matplotlib
+    """The variant's look in a matplotlib plot (:mod:`posemb.lab.style`, shared with the
+    lesson's charts): its colour and marker, a dashed line for an inference-time scaling."""
+    from .style import look
 
-    from .model import SCALINGS, TRAINED
-
-    if variant in TRAINED:
-        i = TRAINED.index(variant)
-        colour = matplotlib.colormaps["tab10"](i % 10)
-        return {"color": colour, "marker": MARKERS[i % len(MARKERS)], "ls": "-"}
-    names = ["rope", *SCALINGS]
-    i = names.index(variant) if variant in names else len(names)
-    colour = matplotlib.colormaps["Dark2"](i % 8)
-    return {"color": colour, "marker": MARKERS[-1 - i % len(MARKERS)], "ls": "--"}
+    v = look(variant)
+    return {"color": v.colour, "marker": v.marker, "ls": "--" if v.dashed else "-"}
 
 
 def _merged(series: dict[str, Any]) -> dict[str, tuple[str, Any]]:

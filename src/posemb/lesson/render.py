@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Any
 
 from .._version import __version__
-from .screens import Screen
+from .registry import STATE_SEPARATOR, Screen, state_key
 
 _SCRIPT_END = re.compile(r"</(script)", re.IGNORECASE)
 
@@ -32,17 +32,22 @@ def _static(name: str) -> str:
     return (resources.files("posemb.lesson") / "static" / name).read_text(encoding="utf-8")
 
 
-def _state_key(values: Sequence[str]) -> str:
-    return "|".join(values)
+def _page_js() -> str:
+    # The script builds a state's key as state_key does; the separator is written once, in
+    # posemb.lesson.registry, and put into the script here.
+    js = _static("page.js")
+    if "POSEMB_STATE_SEPARATOR" not in js:
+        raise RuntimeError("page.js must join control values with POSEMB_STATE_SEPARATOR")
+    return js.replace("POSEMB_STATE_SEPARATOR", json.dumps(STATE_SEPARATOR))
 
 
 def default_key(fig: Any) -> str:
     """The state key of a figure's first state."""
-    return _state_key([c.values[c.default] for c in fig.controls])
+    return state_key([c.values[c.default] for c in fig.controls])
 
 
-def _by_screen(items: Sequence[Any], screen: Any) -> dict[int, list[Any]]:
-    out: dict[int, list[Any]] = {n: [] for n in range(1, 10)}
+def _by_screen(items: Sequence[Any], screen: Any, numbers: Sequence[int]) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {n: [] for n in numbers}
     for it in items:
         out[int(screen(it))].append(it)
     return out
@@ -73,9 +78,9 @@ def render_page(
     """The whole ``index.html`` as a string.
 
     Args:
-        screens: the nine :class:`~posemb.lesson.screens.Screen` texts.
+        screens: every :class:`~posemb.lesson.registry.Screen` text, in order.
         rows: claim rows (what ``posemb verify --save`` writes).
-        figs: :class:`posemb.lesson.figures.Figure` objects.
+        figs: :class:`posemb.lesson.registry.Figure` objects.
         parchment_png: file name of the parchment PNG beside ``index.html``.
         parchment_svg: same, SVG.
     """
@@ -94,13 +99,14 @@ def render_page(
         for f in figs
     }
     wrong = [r for r in rows if r["verdict"] not in ("holds", "n/a")]
+    numbers = [s.number for s in screens]
     failed = [str(r["id"]) for r in rows if not r["passed"]]
     return env.get_template("index.html.j2").render(
         version=__version__,
         screens=screens,
-        claims_by_screen=_by_screen(rows, lambda r: r["screen"]),
-        wrong_by_screen=_by_screen(wrong, lambda r: r["screen"]),
-        figs_by_screen=_by_screen(figs, lambda f: f.screen),
+        claims_by_screen=_by_screen(rows, lambda r: r["screen"], numbers),
+        wrong_by_screen=_by_screen(wrong, lambda r: r["screen"], numbers),
+        figs_by_screen=_by_screen(figs, lambda f: f.screen, numbers),
         first_view=first_view,
         default_key={f.id: default_key(f) for f in figs},
         passed=sum(1 for r in rows if r["passed"]),
@@ -121,7 +127,7 @@ def render_page(
         katex_js=_inline(assets.katex_js()),
         vega_js=_inline(assets.vega_js()),
         page_css=_static("page.css"),
-        page_js=_inline(_static("page.js")),
+        page_js=_inline(_page_js()),
     )
 
 
@@ -173,7 +179,7 @@ def manifest(
         + [
             {
                 "id": "fig-parchment",
-                "screen": 9,
+                "screen": screens[-1].number,
                 "title": "The parchment",
                 "call": "posemb.lesson.parchment.draw_parchment(folder)",
                 "kind": "img",

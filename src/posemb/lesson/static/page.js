@@ -29,7 +29,7 @@
       .map(function (c) {
         return c.values[controlIndex(fig.id, c)];
       })
-      .join("|");
+      .join(POSEMB_STATE_SEPARATOR);
   }
 
   function show(figId) {

@@ -17,10 +17,8 @@ pytest.importorskip("vl_convert")
 
 
 @pytest.fixture(scope="module")
-def figures():
-    from posemb.lesson import figures
-
-    return figures.build_figures()
+def figures(built_figures):
+    return built_figures
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,190 @@
+"""Vega-Lite charts for the lesson's figures (built with Altair), and numbers for a reader.
+
+Altair is imported on first use, not when a screen module is imported: ``posemb verify``
+registers every screen (its claims and its figure builders) without the ``lesson`` extra, and
+only building a figure needs Altair.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import _extras
+from .measure import EXACT
+
+if TYPE_CHECKING:
+    import altair as alt
+else:
+
+    class _Altair:
+        """altair, imported when a chart is first built (a missing extra is named then)."""
+
+        def __getattr__(self, name: str) -> Any:
+            module = _extras.require("altair", "posemb's lesson figures", "lesson")
+            return getattr(module, name)
+
+    alt = _Altair()
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour
+# vision deficiency; yellow last because it is faint on white.
+OKABE_ITO = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#000000",
+    "#999999",
+    "#F0E442",
+)
+
+
+DIVERGING = "blueorange"  # Vega's blue-orange ramp: no red-green contrast
+
+
+SEQUENTIAL = "viridis"  # perceptually uniform and colour-blind safe
+
+
+WIDE = 820
+"""Plot width of a full-width chart: the page shows figures in a ~930 px card."""
+
+
+def sig(x: float | torch.Tensor, digits: int = 4) -> str:
+    """``x`` for a reader: ``digits`` significant digits, thousands separated, no exponent
+    between 1e-3 and 1e15 (61,343 rather than 6.134e+04)."""
+    x = float(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e15):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    return f"{rounded(x, digits):,g}"
+
+
+def zero_error(x: float) -> str:
+    """A difference that should be zero: its size, and whether it is float64 rounding."""
+    return f"{x:.1e}" + (" (equal up to float64 rounding)" if x < EXACT else "")
+
+
+FONTS = {
+    "axis": {"labelFontSize": 12, "titleFontSize": 13},
+    "legend": {"labelFontSize": 12, "titleFontSize": 12, "labelLimit": 0},
+    "header": {"labelFontSize": 13, "titleFontSize": 13},
+    "title": {"fontSize": 14},
+    "text": {"fontSize": 12},
+}
+"""Every Vega chart's type sizes: at least 12 px, as the page's card shows them at 1:1."""
+
+
+def rounded(x: float | torch.Tensor, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits: what a chart can show, and a small page."""
+    return float(f"{float(x):.{digits}g}")
+
+
+ROWS_NAME = "rows"
+"""The named data source a chart's rows go into: :func:`spec` puts them in, inline, once
+Altair is done. Altair walks and copies every row it is given (tens of ms per state), and the
+page has ~80 states."""
+
+
+@functools.cache
+def rows_source() -> alt.Data:
+    """The data source every chart is built on (:data:`ROWS_NAME`), filled by :func:`spec`."""
+    return alt.Data(name=ROWS_NAME)
+
+
+def template(chart: alt.TopLevelMixin) -> dict[str, Any]:
+    """The chart's Vega-Lite spec with its rows still to come (see :data:`ROWS_NAME`)."""
+    # Schema validation costs more than building and checks what a test checks once. (Every
+    # mark is built with aria=False: an aria label per mark doubles the SVG of a heatmap or
+    # scatter, and the figure's alt text and hover tooltips carry the values.)
+    return chart.to_dict(validate=False)
+
+
+def spec(chart: alt.TopLevelMixin | dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spec of ``chart`` (a chart or a :func:`template`) with ``rows`` inlined as its data."""
+    out = template(chart) if isinstance(chart, alt.TopLevelMixin) else chart
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node == {"name": ROWS_NAME}:
+                return {"values": rows}
+            return {k: fill(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fill(v) for v in node]
+        return node
+
+    out = fill(out)
+    config = out.setdefault("config", {})
+    for part, sizes in FONTS.items():
+        config[part] = {**sizes, **config.get(part, {})}
+    return out
+
+
+def inline_data(rows: list[dict[str, object]]) -> alt.Data:
+    """Inline data for a chart's few extra rows (reference lines, labels)."""
+    return alt.Data(values=rows)
+
+
+def colors(names: Sequence[str]) -> alt.Scale:
+    return alt.Scale(domain=list(names), range=list(OKABE_ITO[: len(names)]))
+
+
+def heat(
+    rows: list[dict[str, object]],
+    x: str,
+    y: str,
+    v: str,
+    *,
+    titles: tuple[str, str, str],
+    size: tuple[int, int],
+    diverging: bool = True,
+    domain: tuple[float, float] | None = None,
+    tick_every: int = 1,
+    x_sort: str | None = None,
+    y_sort: str | None = None,
+) -> alt.Chart:
+    """A heatmap of ``rows`` with hover values; ordinal x and y, colour by ``v``."""
+    scale: dict[str, Any] = {"scheme": DIVERGING if diverging else SEQUENTIAL}
+    if diverging:
+        scale["domainMid"] = 0
+    if domain is not None:
+        scale["domain"] = list(domain)
+    xs = sorted({r[x] for r in rows}, key=str) if x_sort is None else None
+    ys = sorted({r[y] for r in rows}, key=str) if y_sort is None else None
+
+    def axis(values: list[Any] | None) -> alt.Axis:
+        if values is None or tick_every == 1:
+            return alt.Axis()
+        return alt.Axis(values=[u for u in values if int(str(u)) % tick_every == 0])
+
+    numeric = all(isinstance(r[x], int) for r in rows)
+    return (
+        alt.Chart(rows_source())
+        .mark_rect(aria=False)
+        .encode(
+            x=alt.X(
+                f"{x}:O",
+                title=titles[0],
+                sort=alt.EncodingSortField(x_sort) if x_sort else "ascending",
+                axis=axis(xs if numeric else None),
+            ),
+            y=alt.Y(
+                f"{y}:O",
+                title=titles[1],
+                sort=alt.EncodingSortField(y_sort) if y_sort else "ascending",
+                axis=axis(ys if all(isinstance(r[y], int) for r in rows) else None),
+            ),
+            color=alt.Color(f"{v}:Q", title=titles[2], scale=alt.Scale(**scale)),
+            tooltip=[
+                alt.Tooltip(f"{x}:O", title=titles[0]),
+                alt.Tooltip(f"{y}:O", title=titles[1]),
+                alt.Tooltip(f"{v}:Q", title=titles[2], format=".4g"),
+            ],
+        )
+        .properties(width=size[0], height=size[1])
+    )

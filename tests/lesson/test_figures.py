@@ -1,0 +1,89 @@
+import itertools
+import json
+
+import pytest
+import torch
+
+from posemb.lesson import figures
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def built(built_figures):
+    return built_figures
+
+
+def _walk(node):
+    """Every dict inside a JSON-like value."""
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def test_every_figure_is_described_and_names_its_call(built):
+    ids = [f.id for f in built]
+    assert len(ids) == len(set(ids)) and set(ids) == set(figures.BUILDERS)
+    for f in built:
+        assert f.id.startswith("fig-") and f.title and f.alt and f.call
+        assert f.caption.endswith(f.call), f.id
+        assert "posemb" in f.call, f.id
+        assert f.kind in ("vega", "svg")
+    assert {f.screen for f in built} == set(range(1, 10))
+    assert [f.screen for f in built] == sorted(f.screen for f in built)
+
+
+def test_every_state_has_content_and_a_readout(built):
+    control_ids = [c.id for f in built for c in f.controls]
+    assert len(control_ids) == len(set(control_ids))
+    for f in built:
+        keys = {figures.state_key(v) for v in itertools.product(*(c.values for c in f.controls))}
+        assert set(f.states) == keys == set(f.readouts), f.id
+        assert f.default_key in f.states
+        assert len(f.states) <= 60, f.id
+        for c in f.controls:
+            assert c.kind in ("slider", "toggle") and 0 <= c.default < len(c.values)
+            assert len(set(c.values)) == len(c.values) and all("|" not in v for v in c.values)
+        assert all(r.strip() for r in f.readouts.values()), f.id
+        if f.kind == "svg":
+            assert f.static_svg == {}
+            for svg in f.states.values():
+                assert isinstance(svg, str) and svg.startswith("<svg")
+                assert 'role="img"' in svg and "<title>" in svg
+        else:
+            assert set(f.static_svg) == keys, f.id
+            assert all(s.startswith("<svg") for s in f.static_svg.values())
+
+
+def test_vega_specs_inline_their_data_with_sizes_and_hover_values(built):
+    for f in (f for f in built if f.kind == "vega"):
+        for spec in f.states.values():
+            assert isinstance(spec, dict) and "vega-lite" in spec["$schema"]
+            nodes = list(_walk(spec))
+            assert not any(n.get("name") == figures.ROWS.name for n in nodes), f.id
+            assert any("values" in n for n in nodes), f.id
+            assert any("width" in n for n in nodes) and any("height" in n for n in nodes)
+            marks = [n.get("mark") for n in nodes if "mark" in n]
+            kinds = {m["type"] if isinstance(m, dict) else m for m in marks}
+            if kinds & {"rect", "point"}:  # heatmaps and scatters: hover values
+                assert any("tooltip" in n.get("encoding", {}) for n in nodes), f.id
+
+
+def test_the_page_data_is_small(built):
+    total = sum(
+        len(json.dumps(f.states)) + sum(len(s) for s in f.static_svg.values()) for f in built
+    )
+    assert total < 3_000_000, total  # aim: < 2.5 MB
+
+
+def test_unknown_figure_and_bad_controls_are_refused():
+    with pytest.raises(ValueError, match="unknown figure"):
+        figures.build_figure("fig-nope")
+    with pytest.raises(ValueError, match="kind"):
+        figures.Control("c", "c", "knob", ("a",), 0)
+    with pytest.raises(ValueError, match="default"):
+        figures.Control("c", "c", "slider", ("a",), 1)

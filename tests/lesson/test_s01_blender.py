@@ -1,0 +1,129 @@
+"""Screen 1: the blender's claims fail when what they claim is broken; its figures draw them."""
+
+import math
+
+import pytest
+import torch
+
+import posemb
+from posemb.attention import attention_probs, dot_product_attention
+from posemb.lab import dog_bites_man as dbm
+from posemb.lesson import figures, measure
+from posemb.lesson.screens import s01_blender as s01
+
+
+def _recency_probs(q, k, causal):
+    """Attention that prefers recent keys: the same key no longer gets the same weight."""
+    recency = torch.arange(k.shape[2], dtype=q.dtype) * 0.01
+    return attention_probs(q, k, causal=causal, bias=recency)
+
+
+def test_the_same_key_claim_fails_when_attention_prefers_recent_keys(broken):
+    assert not broken("attention.causal_same_key_same_weight", "attention_probs", _recency_probs)
+
+
+def test_the_counting_claim_fails_when_attention_ignores_the_mask(broken):
+    # An attention that ignores the mask's count: every position sees the same average.
+    def unmasked(q, k, v, causal):
+        return dot_product_attention(q, k, v, causal=False)
+
+    assert not broken("attention.causal_mask_leaks_position", "dot_product_attention", unmasked)
+
+
+def test_memorisation_claim_fails_without_a_drop(monkeypatch, claim_of):
+    claim = claim_of("attention.dog_bites_man.small_task_memorises")
+    real = dbm.memorisation(seeds=s01.SMALL_TASK_SEEDS)
+    assert claim.run()["passed"]
+    big = dbm.accuracy_over_seeds()
+    no_drop = {**real, "alibi": {"train": real["alibi"]["train"], "held_out": big["alibi"] * 4}}
+    monkeypatch.setattr(dbm, "memorisation", lambda *a, **k: no_drop)
+    assert not claim.run()["passed"]
+    t5_drops = {**real, "t5": {"train": real["t5"]["train"], "held_out": [0.8] * 10}}
+    monkeypatch.setattr(dbm, "memorisation", lambda *a, **k: t5_drops)
+    assert not claim.run()["passed"]
+
+
+def test_dog_bites_man_claims_fail_on_a_weak_encoding(monkeypatch, claim_of):
+    real = dbm.accuracy_over_seeds()
+    weak = {**real, "alibi": [0.55, 0.6, 0.58]}
+    monkeypatch.setattr(dbm, "accuracy_over_seeds", lambda *a, **k: weak)
+    assert not claim_of("attention.dog_bites_man.trained").run()["passed"]
+    leaky = {**real, "nope": [0.5, 0.52, 0.5]}
+    monkeypatch.setattr(dbm, "accuracy_over_seeds", lambda *a, **k: leaky)
+    assert not claim_of("attention.dog_bites_man.trained").run()["passed"]
+
+
+def test_bar_for_above_chance_is_five_standard_errors_of_independent_answers():
+    assert measure.above_chance(100) == pytest.approx(0.75)
+    # 288 held-out sentences are 72 ordered pairs asked with 4 verbs each.
+    assert measure.independent_answers(288) == 72
+    assert measure.above_chance(72) == pytest.approx(0.5 + 2.5 / math.sqrt(72))
+
+
+def test_the_blender_shows_the_measured_word_change(by_id):
+    outs = measure.dog_bites_man_outputs()
+    for label, name in s01.ENCODING_NAMES.items():
+        assert f"{measure.word_change(*outs[name]):.3g}" in by_id["fig-blender"].readouts[label]
+
+
+def test_trained_attention_is_the_models_own(by_id):
+    fig = by_id["fig-trained-attention"]
+    model = s01._trained_rope_encoder()
+    tokens = torch.tensor(
+        [[posemb.lab.dog_bites_man.VOCAB.index(w) for w in ("[CLS]", "dog", "bites", "man")]]
+    )
+    with torch.no_grad():
+        w = model.attention_weights(tokens)[0, 0]
+    rows = fig.states["dog bites man"]["data"]["values"]
+    got = {(r["head"], r["i"], r["j"]): r["weight"] for r in rows}
+    for (h, i, j), v in got.items():
+        assert v == pytest.approx(float(w[int(h.split()[-1]), i, j]), rel=1e-3, abs=1e-6)
+    assert len(got) == w.numel()
+
+
+def _walk(node):
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def test_causal_figure_is_linear_and_says_whether_the_copies_agree(by_id):
+    fig = by_id["fig-causal-same-token"]
+    assert fig.readouts["no positions"].startswith("same weight at 1, 99, 599 back: yes")
+    assert fig.readouts["RoPE"].startswith("same weight at 1, 99, 599 back: no")
+    for spec in fig.states.values():
+        assert not any(n.get("type") == "log" for n in _walk(spec))
+        w = [r["w"] for r in spec["data"]["values"]]
+        # Not saturated: every weight within a factor 10 of uniform attention over 600 keys.
+        assert min(w) > 1 / 6000 and max(w) < 10 / 600
+
+
+def _trained_row(value):
+    return {"id": s01.TRAINED_CLAIM, "value": value}
+
+
+def test_trained_accuracy_draws_the_verify_rows_it_is_given(by_id):
+    default = by_id["fig-trained-accuracy"]
+    assert default.readouts[""].startswith("not measured in this build")
+    value = {"nope": [0.5, 0.5], "rope": [0.9375, 0.875], "bar": 0.7946}
+    rows = [{"id": "something.else", "value": 1.0}, _trained_row(value)]
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=rows)
+    assert "nope 0.500, rope 0.906" in fig.readouts[""]
+    assert "pass bar 0.795" in fig.readouts[""]
+    drawn = fig.states[""]["data"]["values"]
+    means = {r["encoding"]: r["acc"] for r in drawn if r["kind"] == "mean"}
+    assert means == {"nope": 0.5, "rope": pytest.approx(0.90625, rel=1e-3)}
+    assert sorted(r["acc"] for r in drawn if r["kind"] == "seed") == [0.5, 0.5, 0.875, 0.9375]
+    # Rows from a run without this claim (posemb verify --only ...): not measured.
+    other = figures.build_figure("fig-trained-accuracy", claim_rows=rows[:1])
+    assert other.readouts[""].startswith("not measured in this build")
+
+
+@pytest.mark.parametrize("value", [0.5, {"nope": [0.5]}, {"bar": 0.8}, {"nope": "x", "bar": 0.8}])
+def test_trained_accuracy_refuses_a_row_that_is_not_the_claims(value):
+    with pytest.raises(ValueError, match=s01.TRAINED_CLAIM):
+        figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])

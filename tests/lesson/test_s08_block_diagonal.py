@@ -1,0 +1,50 @@
+"""Screen 8: block-diagonal Givens rotations; periods, the three forms, the figures."""
+
+import math
+
+import pytest
+import torch
+
+import posemb
+from posemb.lesson import figures
+from posemb.lesson.screens import s08_block_diagonal as s08
+from posemb.rope import apply_rope, rotation_matrix
+
+F64 = torch.float64
+
+
+def _twice_as_fast(x, cos, sin, layout="half"):
+    """A rotation that turns every pair twice as fast: the periods must notice."""
+    return apply_rope(x, cos * cos - sin * sin, 2 * sin * cos, layout)
+
+
+@pytest.mark.parametrize("claim_id", ["rope.fastest_pair_period", "rope.slowest_pair_period"])
+def test_the_period_claims_fail_on_a_rotation_twice_as_fast(broken, claim_id):
+    assert not broken(claim_id, "apply_rope", _twice_as_fast)
+
+
+def test_the_three_forms_claim_fails_when_the_matrix_defaults_to_the_other_pairing(broken):
+    def other_default(m, theta, layout="interleaved"):
+        return rotation_matrix(m, theta, layout)
+
+    assert not broken("rope.three_forms_agree", "rotation_matrix", other_default)
+
+
+def test_the_givens_and_period_figures_show_what_posemb_computes(by_id):
+    r = posemb.rotation_matrix(3, posemb.inv_freq(16, dtype=F64), posemb.Layout.HALF)
+    det = float(torch.linalg.det(r))
+    readout = by_id["fig-givens"].readouts[f"{s08.LAYOUTS[0]}|3"]
+    assert f"{det:.6f}" in readout and f"(error {abs(det - 1):.1e})" in readout
+    lam = posemb.wavelengths(768)
+    assert f"{float(lam[0]):.6f}" in by_id["fig-periods"].readouts[""]
+    assert f"{float(lam[-1]):,.1f}" in by_id["fig-periods"].readouts[""]
+
+
+def test_figures_follow_the_library_not_typed_numbers(monkeypatch):
+    before = figures.build_figure("fig-periods")
+    real = posemb.freqs.wavelengths
+    monkeypatch.setattr(posemb.freqs, "wavelengths", lambda d, base=10000.0: real(d, base) * 2)
+    after = figures.build_figure("fig-periods")
+    assert before.states[""] != after.states[""]
+    assert before.readouts[""] != after.readouts[""]
+    assert f"{2 * 2 * math.pi:.6f}" in after.readouts[""]
