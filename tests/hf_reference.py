@@ -128,3 +128,15 @@ def inv_freq_tolerance(base: float) -> float:
     cast add a few more roundings (4 allowed). The scalings then multiply by float64 factors.
     """
     return (math.log(base) + 4) * 2.0**-24
+
+
+# A config with two layer types and a rope per type (Gemma 3 style), small enough for tests.
+PER_LAYER = {
+    "head_dim": 16,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 64,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    },
+}

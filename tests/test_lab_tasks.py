@@ -1,5 +1,5 @@
-"""The lab's second edition: retrieval, attention entropy, the fine-tuning race, the protocol
-file, and the ``--quick`` protocol's directions (which must hold even at that size)."""
+"""The lab's tasks run in a sweep: the ``--quick`` protocol's directions for retrieval, entropy
+and the fine-tuning race (which must hold even at that size), the protocol file, bad input."""
 
 import dataclasses
 import json
@@ -7,122 +7,10 @@ import math
 import os
 
 import pytest
-import torch
 
 from posemb import cli
 from posemb import scaling as sc
-from posemb.lab import entropy, race, report, retrieval, sweep
-from posemb.lab.model import ModelConfig, TinyLM, scaling_for
-
-# --- the retrieval task ---------------------------------------------------------------------
-
-
-def test_training_windows_query_each_fact_once_after_it():
-    gen = torch.Generator().manual_seed(0)
-    x, y = retrieval.training_batch(64, 32, 4, gen)
-    assert x.shape == y.shape == (64, 32)
-    for row, tgt in zip(x.tolist(), y.tolist(), strict=True):
-        facts = {
-            (t - retrieval.FACT0) // retrieval.VALUES: (i, (t - retrieval.FACT0) % retrieval.VALUES)
-            for i, t in enumerate(row)
-            if retrieval.FACT0 <= t < retrieval.QUERY0
-        }
-        queries = [
-            (i, t - retrieval.QUERY0)
-            for i, t in enumerate(row)
-            if retrieval.QUERY0 <= t < retrieval.ANSWER0
-        ]
-        assert len(facts) == len(queries) == 4  # distinct keys
-        for i, key in queries:
-            at, value = facts[key]
-            assert at < i and tgt[i] == retrieval.ANSWER0 + value
-        assert sum(t != retrieval.IGNORE for t in tgt) == 4
-        assert all(t < retrieval.FILLER for t in row if t < retrieval.FACT0)
-
-
-@pytest.mark.parametrize("present", [True, False])
-def test_probes_put_the_fact_at_the_asked_distance_or_leave_it_out(present):
-    gen = torch.Generator().manual_seed(1)
-    d = torch.tensor([1, 5, 63, 30])
-    x, ans = retrieval.probes(d, 64, 4, gen, present=present)
-    for row, dist, a in zip(x.tolist(), d.tolist(), ans.tolist(), strict=True):
-        key = row[-1] - retrieval.QUERY0
-        assert 0 <= key < retrieval.KEYS
-        fact = retrieval.FACT0 + key * retrieval.VALUES + (a - retrieval.ANSWER0)
-        with_key = [
-            i
-            for i, t in enumerate(row)
-            if retrieval.FACT0 <= t < retrieval.QUERY0
-            and (t - retrieval.FACT0) // retrieval.VALUES == key
-        ]
-        assert with_key == ([63 - dist] if present else [])
-        if present:
-            assert row[63 - dist] == fact
-        others = [t for t in row if retrieval.FACT0 <= t < retrieval.QUERY0]
-        assert len(others) == (4 if present else 3)
-
-
-def test_probe_and_fact_errors():
-    gen = torch.Generator()
-    with pytest.raises(ValueError, match=r"probe distances must be in 1\.\.63"):
-        retrieval.probes([64], 64, 4, gen)
-    with pytest.raises(ValueError, match=r"--retrieval-facts must be 1\.\.16"):
-        retrieval.training_batch(2, 64, 17, gen)
-
-
-def test_distance_bins_do_not_depend_on_the_length():
-    assert retrieval.distance_bins(64, 64) == [(0, 8), (8, 16), (16, 32), (32, 64)]
-    long = retrieval.distance_bins(64, 1024)
-    assert long[:4] == retrieval.distance_bins(64, 64) and long[-1] == (512, 1024)
-    assert [retrieval.bin_label(*b) for b in long[4:6]] == ["65-128", "129-256"]
-
-
-# --- entropy ------------------------------------------------------------------------------------
-
-
-def test_entropy_of_uniform_rows_and_the_reference():
-    w = torch.full((1, 1, 1, 8), 1 / 8)
-    assert float(entropy.row_entropy(w)) == pytest.approx(math.log(8))
-    assert float(entropy.row_entropy(torch.tensor([1.0, 0.0, 0.0]))) == 0.0
-    assert entropy.uniform_entropy(3) == pytest.approx((0 + math.log(2) + math.log(3)) / 3)
-    assert entropy.yarn_factor(1.0) == 1.0 and entropy.yarn_factor(math.e) == pytest.approx(1.1)
-
-
-def test_yarn_factor_on_cos_and_sin_is_the_logit_scale_squared():
-    torch.manual_seed(0)
-    model = TinyLM(
-        ModelConfig(vocab=12, encoding="rope", width=16, layers=2, heads=2, train_len=8, max_len=64)
-    )
-    x = torch.randint(0, 12, (2, 32))
-    yarn = scaling_for("rope+yarn", 8, 32)
-    assert isinstance(yarn, sc.Yarn) and yarn.effective_attention_factor() > 1
-    model.set_scaling(yarn)
-    own = model.attention_weights(x)
-    model.set_scaling(dataclasses.replace(yarn, attention_factor=1.0))
-    model.set_logit_scale(yarn.effective_attention_factor() ** 2)
-    for a, b in zip(own, model.attention_weights(x), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_scalings_change_a_trained_models_numbers():
-    # The lab swaps schedules on one model: each must be in force (a stale table once hid them).
-    torch.manual_seed(0)
-    model = TinyLM(
-        ModelConfig(vocab=12, encoding="rope", width=16, layers=1, heads=2, train_len=8, max_len=64)
-    )
-    model.eval()
-    x = torch.randint(0, 12, (1, 32))
-    outs = {}
-    for v in ("rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+llama3"):
-        model.set_scaling(None if v == "rope" else scaling_for(v, 8, 32))
-        outs[v] = model(x)
-    for a in outs:
-        for b in outs:
-            if a < b:
-                assert not torch.allclose(outs[a], outs[b]), (a, b)
-
-
-# --- the quick protocol, every task -------------------------------------------------------------
+from posemb.lab import race, report, sweep
 
 QUICK_TASKS = sweep.quick_config(
     variants=("nope", "rope", "rope+pi", "rope+ntk", "rope+dynamic"), workers=2
@@ -206,9 +94,6 @@ def test_a_finished_race_is_read_back_and_a_resumed_one_gives_the_same_numbers(q
     os.remove(result)  # the checkpoint holds every milestone: nothing is trained again
     assert sweep._run_one(QUICK_TASKS, job, out)["milestones"] == again["milestones"]
     assert os.path.exists(ckpt)
-
-
-# --- the protocol file and bad input -----------------------------------------------------------
 
 
 def test_another_protocols_out_is_refused_before_anything_is_written(quick, capsys):

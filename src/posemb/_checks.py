@@ -65,6 +65,18 @@ def float_tensor(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def heads_tensor(name: str, x: object, head_dim: int) -> torch.Tensor:
+    """Return ``x`` if it is a float tensor ``(batch, heads, seq, head_dim)`` (what a rotary
+    module rotates)."""
+    x = float_tensor(name, x)
+    if x.dim() != 4 or x.shape[-1] != head_dim:
+        raise InputError(
+            f"{name} must have shape (batch, heads, seq, head_dim={head_dim}), "
+            f"got shape {tuple(x.shape)}"
+        )
+    return x
+
+
 def float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return ``dtype`` if it is one of the floating dtypes posemb produces."""
     if not isinstance(dtype, torch.dtype) or dtype not in _FLOAT_DTYPES:

@@ -251,13 +251,7 @@ class RotaryEmbedding(nn.Module):
         )
 
     def _check(self, name: str, x: object) -> torch.Tensor:
-        x = _checks.float_tensor(name, x)
-        if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise InputError(
-                f"{name} must have shape (batch, heads, seq, head_dim={self.head_dim}), "
-                f"got shape {tuple(x.shape)}"
-            )
-        return x
+        return _checks.heads_tensor(name, x, self.head_dim)
 
     def rotate(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, inplace: bool = False

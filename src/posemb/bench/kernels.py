@@ -26,7 +26,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -378,6 +378,40 @@ def _decode_step(
     return rows
 
 
+def _row(
+    shape_name: str,
+    shape: tuple[int, ...],
+    dtype_name: str,
+    mode: str,
+    method: str,
+    first: float,
+    times: list[float],
+    traffic: int,
+    meta: dict[str, Any],
+) -> Row:
+    """One row from a method's timings: median and 20/80th percentiles, GB/s of ``traffic``
+    bytes."""
+    med = statistics.median(times)
+    q = statistics.quantiles(times, n=5) if len(times) > 1 else [med] * 4
+    gbps = traffic / (med * 1e-3) / 1e9 if med > 0 else None
+    shape_text = "x".join(map(str, shape))
+    return Row(
+        shape_name,
+        shape_text,
+        dtype_name,
+        mode,
+        method,
+        med,
+        q[0],
+        q[-1],
+        gbps,
+        None,
+        None,
+        first,
+        **meta,
+    )
+
+
 def _measure(
     shape_name: str,
     shape: tuple[int, ...],
@@ -404,31 +438,13 @@ def _measure(
         traffic: int,
         vs_bandwidth: float | None = None,
     ) -> None:
-        med = statistics.median(times)
-        q = statistics.quantiles(times, n=5) if len(times) > 1 else [med] * 4
+        row = _row(shape_name, shape, dtype_name, mode, method, first, times, traffic, meta)
+        row = replace(row, vs_bandwidth=vs_bandwidth)
         if mode == "forward":
-            forward_ms[method] = med
-        gbps = traffic / (med * 1e-3) / 1e9 if med > 0 else None
-        shape_text = "x".join(map(str, shape))
-        rows.append(
-            Row(
-                shape_name,
-                shape_text,
-                dtype_name,
-                mode,
-                method,
-                med,
-                q[0],
-                q[-1],
-                gbps,
-                vs_bandwidth,
-                None,
-                first,
-                **meta,
-            )
-        )
+            forward_ms[method] = row.median_ms
+        rows.append(row)
         if progress:
-            progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {med:9.3f} ms")
+            progress(f"{shape_name} {dtype_name} {mode:8} {method:28} {row.median_ms:9.3f} ms")
 
     # Bandwidth references, forward only: q and k each read and written once.
     def mul() -> object:

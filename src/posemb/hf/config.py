@@ -199,6 +199,39 @@ def _unrotated(
     return None
 
 
+def _layer_rules(
+    text: dict[str, object],
+    fam: Family,
+    src: str,
+    params: dict[str, object],
+    *,
+    nested: bool,
+    splits: bool,
+) -> tuple[object, bool]:
+    """Check what a family with per-layer rules needs from the file before any layer is read;
+    return its sliding window and whether its force-rope flag is set."""
+    if (splits or fam.rope_layers != "all") and text.get("layer_types") is None:
+        # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern,
+        # EXAONE 4's LLLG); reading one RoPE for all would be wrong on some layers.
+        raise Missing("layer_types")
+    if fam.scaling_on is not None and not nested and src.endswith("rope_parameters") and params:
+        raise InputError(
+            f"{src} is a single rope dict, which {fam.name}'s config class does not apply to any "
+            f"layer type; give it as rope_scaling (the {fam.scaling_on} layers' scaling) or per "
+            f"layer type"
+        )
+    window = text.get("sliding_window")
+    if fam.rope_layers != "all" and "sliding_window" not in text:
+        raise Missing("sliding_window")
+    force = False
+    if fam.force_rope_key is not None:
+        flag = text.get(fam.force_rope_key, False)
+        if not isinstance(flag, bool):
+            raise InputError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
+        force = flag
+    return window, force
+
+
 def _read(d: dict[str, object], strict: bool) -> ModelRope:
     """Read every layer kind; raises Missing for a key left to the class default."""
     text, where = _text_part(d)
@@ -220,25 +253,7 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     kinds = _kinds(text, fam, params, nested)
     temperature = _attn_temperature(text, fam)
     splits = fam.scaling_on is not None or fam.local_theta_key is not None
-    if (splits or fam.rope_layers != "all") and text.get("layer_types") is None:
-        # Which layers are sliding comes from the class (Gemma 3's sliding_window_pattern,
-        # EXAONE 4's LLLG); reading one RoPE for all would be wrong on some layers.
-        raise Missing("layer_types")
-    if fam.scaling_on is not None and not nested and src.endswith("rope_parameters") and params:
-        raise InputError(
-            f"{src} is a single rope dict, which {fam.name}'s config class does not apply to any "
-            f"layer type; give it as rope_scaling (the {fam.scaling_on} layers' scaling) or per "
-            f"layer type"
-        )
-    window = text.get("sliding_window")
-    if fam.rope_layers != "all" and "sliding_window" not in text:
-        raise Missing("sliding_window")
-    force = False
-    if fam.force_rope_key is not None:
-        flag = text.get(fam.force_rope_key, False)
-        if not isinstance(flag, bool):
-            raise InputError(f"{fam.force_rope_key} must be true or false, got {flag!r}")
-        force = flag
+    window, force = _layer_rules(text, fam, src, params, nested=nested, splits=splits)
     for name, layers in kinds:
         where_kind = src if not nested else f"{src}[{name!r}]"
         unrotated = _unrotated(name, layers, fam, force, window, temperature)

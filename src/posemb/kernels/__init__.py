@@ -314,40 +314,18 @@ def _triton_flags(
     }
 
 
-def rotate_cached(
+def _cache_rows(
     q: torch.Tensor,
-    k: torch.Tensor,
     cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    positions: torch.Tensor | None = None,
-    offsets: torch.Tensor | int | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    layout: Layout | str = Layout.HALF,
-    backend: str = "auto",
-    inplace: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k by rows of a cos/sin cache: the serving form (KV cache, packed batches).
-
-    The row of a token is ``positions[b, t]`` (or its index t), plus ``offsets[b]``; with
-    ``cu_seqlens`` the tensors are packed ``(total, heads, head_dim)`` and t counts from each
-    sequence's start.
-
-    Args:
-        q: ``(batch, q_heads, seq, head_dim)``, or ``(total, q_heads, head_dim)`` with cu_seqlens.
-        k: the same with kv_heads.
-        cos, sin: ``(rows, r/2)`` caches (e.g. ``RotaryEmbedding.cos_sin(torch.arange(L))``).
-        positions: ``(seq,)`` or ``(batch, seq)`` integer rows (not with cu_seqlens).
-        offsets: per-sequence ``(batch,)`` integers or one int, added to each row.
-        cu_seqlens: ``(batch + 1,)`` increasing integers from 0 to total.
-        layout, backend, inplace: as in :func:`rotate`.
-
-    Returns:
-        ``(q, k)`` rotated.
-    """
+    positions: torch.Tensor | None,
+    offsets: torch.Tensor | int | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
+    """Check :func:`rotate_cached`'s position arguments against ``q`` and the cache; return
+    the table row of every token ``(batch, seq)``, the checked positions ``(batch, seq)``,
+    offsets ``(batch,)`` and cu_seqlens ``(batch + 1,)`` (None where not given), and the
+    longest sequence."""
     varlen = cu_seqlens is not None
-    q, k = _check_pair(q, k, varlen=varlen)
-    _checks.cos_sin_tables(cos, sin, q, (2,))
     dev = q.device
     if varlen:
         if positions is not None:
@@ -384,6 +362,44 @@ def rotate_cached(
         f"the cached cos/sin table of {cos.shape[0]} rows",
         "build the cache for more positions",
     )
+    return rows, pos, off, cu, seq_len
+
+
+def rotate_cached(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    offsets: torch.Tensor | int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    layout: Layout | str = Layout.HALF,
+    backend: str = "auto",
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k by rows of a cos/sin cache: the serving form (KV cache, packed batches).
+
+    The row of a token is ``positions[b, t]`` (or its index t), plus ``offsets[b]``; with
+    ``cu_seqlens`` the tensors are packed ``(total, heads, head_dim)`` and t counts from each
+    sequence's start.
+
+    Args:
+        q: ``(batch, q_heads, seq, head_dim)``, or ``(total, q_heads, head_dim)`` with cu_seqlens.
+        k: the same with kv_heads.
+        cos, sin: ``(rows, r/2)`` caches (e.g. ``RotaryEmbedding.cos_sin(torch.arange(L))``).
+        positions: ``(seq,)`` or ``(batch, seq)`` integer rows (not with cu_seqlens).
+        offsets: per-sequence ``(batch,)`` integers or one int, added to each row.
+        cu_seqlens: ``(batch + 1,)`` increasing integers from 0 to total.
+        layout, backend, inplace: as in :func:`rotate`.
+
+    Returns:
+        ``(q, k)`` rotated.
+    """
+    varlen = cu_seqlens is not None
+    q, k = _check_pair(q, k, varlen=varlen)
+    _checks.cos_sin_tables(cos, sin, q, (2,))
+    rows, pos, off, cu, seq_len = _cache_rows(q, cos, positions, offsets, cu_seqlens)
     lay = as_layout(layout)
     which = resolve_backend(backend, q)
     _refuse_inplace_grad(q, k, inplace)

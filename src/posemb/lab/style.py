@@ -41,8 +41,11 @@ LOOKS: dict[str, Look] = {
     "rope+dynamic": Look("#44AA99", True, "h"),
     "rope+yarn": Look("#000000", True, "d"),
     "rope+llama3": Look("#AA4499", True, "8"),
+    # Position interpolation fine-tuned past the training length (--finetune-steps): trained.
+    "rope+pi+ft": Look("#999933", False, "H"),
 }
-"""Every variant the lab trains or scales, by name (:data:`posemb.lab.model.VARIANTS`)."""
+"""Every variant the lab trains, scales or fine-tunes, by name
+(:data:`posemb.lab.model.VARIANTS` and ``rope+pi+ft``)."""
 
 
 def look(variant: str) -> Look:

@@ -1,0 +1,55 @@
+"""Each job's files: an interrupted job resumes to the same numbers; a mismatched or corrupt
+checkpoint is refused."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from lab_configs import TINY
+from posemb.lab import sweep
+
+
+def test_interrupted_job_resumes_to_the_same_numbers(tmp_path, monkeypatch):
+    whole = sweep.run_job(TINY, "rope", 0, str(tmp_path / "a"), quiet=True)
+    # Crash at step 15: the step-10 checkpoint survives, no result is written.
+    calls = {"n": 0}
+    real_step = torch.optim.AdamW.step
+
+    def crashing(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 15:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    ckpt, result = sweep.job_paths(str(tmp_path / "b"), "rope", 0)
+    assert os.path.exists(ckpt) and not os.path.exists(result)
+    assert torch.load(ckpt, weights_only=True)["step"] == 10
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    resumed = sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    assert resumed["variants"] == whole["variants"]
+    # A crash after training, before the result: the final checkpoint is reused, no step rerun.
+    os.unlink(result)
+    again = sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
+    assert again["variants"] == whole["variants"]
+    # A finished job is not run again.
+    mtime = os.path.getmtime(result)
+    assert sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True) == again
+    assert os.path.getmtime(result) == mtime
+
+
+def test_mismatched_or_corrupt_checkpoints_are_refused(tmp_path):
+    out = str(tmp_path)
+    sweep.run_job(TINY, "sinusoidal", 0, out, quiet=True)
+    ckpt, result = sweep.job_paths(out, "sinusoidal", 0)
+    os.unlink(result)
+    with pytest.raises(ValueError, match="was made with other settings"):
+        sweep.run_job(dataclasses.replace(TINY, lr=1e-3), "sinusoidal", 0, out, quiet=True)
+    with open(ckpt, "wb") as f:
+        f.write(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot be read"):
+        sweep.run_job(TINY, "sinusoidal", 0, out, quiet=True)

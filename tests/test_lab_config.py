@@ -1,0 +1,65 @@
+"""LabConfig: every setting checked at the door, sequences kept as tuples."""
+
+import dataclasses
+
+import pytest
+
+from lab_configs import TINY
+from posemb.lab import sweep
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"variants": ()}, "--variants must name at least one variant"),
+        ({"variants": "rope"}, "--variants must be a sequence, got 'rope'"),
+        ({"variants": ("rope", "wavelet")}, "unknown variant.* wavelet; known: learned"),
+        ({"variants": ("rope", "rope")}, r"--variants must not repeat a variant, got \['rope'"),
+        ({"train_len": 0}, "--train-len must be a positive integer, got 0"),
+        ({"steps": 0}, "--steps must be a positive integer, got 0"),
+        ({"steps": 2.5}, "--steps must be a positive integer, got 2.5"),
+        ({"steps": True}, "--steps must be a positive integer, got True"),
+        ({"width": 0}, "--width must be a positive integer, got 0"),
+        ({"layers": 0}, "--layers must be a positive integer, got 0"),
+        ({"heads": 0}, "--heads must be a positive integer, got 0"),
+        ({"batch": -1}, "--batch must be a positive integer, got -1"),
+        ({"eval_windows": 0}, "--eval-windows must be a positive integer, got 0"),
+        ({"checkpoint_every": 0}, "--checkpoint-every must be a positive integer, got 0"),
+        ({"workers": 0}, "--workers must be a positive integer, got 0"),
+        ({"width": 30}, "width 30 must split into 2 heads of even size"),
+        ({"width": 34}, "width 34 must split into 2 heads of even size"),
+        ({"eval_lens": ()}, r"--eval-lens must be one or more integers in increasing order"),
+        ({"eval_lens": (32, 16)}, r"increasing order, got \[32, 16\]"),
+        ({"eval_lens": (16, 16, 32)}, r"increasing order, got \[16, 16, 32\]"),
+        ({"eval_lens": (16, 32.0)}, r"increasing order, got \[16, 32.0\]"),
+        ({"eval_lens": (8, 32)}, "--eval-lens must be >= --train-len 16"),
+        ({"seeds": ()}, r"--seeds must be one or more non-negative integers, got \[\]"),
+        ({"seeds": (-1,)}, r"non-negative integers, got \[-1\]"),
+        ({"seeds": (0, 0.5)}, r"non-negative integers, got \[0, 0.5\]"),
+        ({"seeds": (0, 1, 0)}, r"--seeds must not repeat a seed, got \[0, 1, 0\]"),
+        ({"lr": -1}, "--lr must be a finite number > 0, got -1"),
+        ({"lr": 0.0}, "--lr must be a finite number > 0, got 0.0"),
+        ({"lr": float("nan")}, "--lr must be a finite number > 0, got nan"),
+        ({"lr": float("inf")}, "--lr must be a finite number > 0, got inf"),
+        ({"lr": True}, "--lr must be a finite number > 0, got True"),
+        ({"lr": "1e-3"}, "--lr must be a finite number > 0, got '1e-3'"),
+        ({"corpus": ""}, "--corpus must be 'kjv' or a path to a UTF-8 text file, got ''"),
+        ({"corpus": None}, "--corpus must be 'kjv' or a path .* got None"),
+        ({"finetune_steps": -1}, "--finetune-steps must be an integer >= 0, got -1"),
+        ({"finetune_steps": 5, "finetune_len": 16}, "--finetune-len must exceed --train-len 16"),
+        ({"finetune_steps": 5}, "--finetune-len must exceed --train-len 16.* got None"),
+        ({"finetune_steps": 5, "finetune_len": 32.0}, "--finetune-len must be an integer or"),
+        ({"finetune_len": 32}, "--finetune-len 32 needs --finetune-steps > 0"),
+    ],
+)
+def test_config_errors(change, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(TINY, **change)
+
+
+def test_config_sequences_become_tuples_and_defaults_are_valid():
+    cfg = dataclasses.replace(TINY, eval_lens=[16, 64], seeds=[2, 1], variants=["rope"])
+    assert cfg.eval_lens == (16, 64) and cfg.seeds == (2, 1) and cfg.variants == ("rope",)
+    assert cfg == dataclasses.replace(TINY, eval_lens=(16, 64), seeds=(2, 1), variants=("rope",))
+    sweep.LabConfig()  # the default protocol and the quick one construct
+    sweep.quick_config()
