@@ -379,18 +379,18 @@ def _decode_step(
 
 
 def _row(
-    shape_name: str,
-    shape: tuple[int, ...],
-    dtype_name: str,
+    where: tuple[str, tuple[int, ...], str],
     mode: str,
     method: str,
+    *,
     first: float,
     times: list[float],
     traffic: int,
     meta: dict[str, Any],
 ) -> Row:
     """One row from a method's timings: median and 20/80th percentiles, GB/s of ``traffic``
-    bytes."""
+    bytes. ``where`` is (shape name, shape, dtype name)."""
+    shape_name, shape, dtype_name = where
     med = statistics.median(times)
     q = statistics.quantiles(times, n=5) if len(times) > 1 else [med] * 4
     gbps = traffic / (med * 1e-3) / 1e9 if med > 0 else None
@@ -438,7 +438,8 @@ def _measure(
         traffic: int,
         vs_bandwidth: float | None = None,
     ) -> None:
-        row = _row(shape_name, shape, dtype_name, mode, method, first, times, traffic, meta)
+        where = (shape_name, shape, dtype_name)
+        row = _row(where, mode, method, first=first, times=times, traffic=traffic, meta=meta)
         row = replace(row, vs_bandwidth=vs_bandwidth)
         if mode == "forward":
             forward_ms[method] = row.median_ms

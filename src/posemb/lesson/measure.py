@@ -109,6 +109,12 @@ def seed_std(xs: Sequence[float]) -> float:
     return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+def seed_drop(big: Sequence[float], small: Sequence[float]) -> tuple[float, float]:
+    """(mean(big) - mean(small), its standard error from the seed-to-seed spread of each)."""
+    se = math.sqrt(seed_std(big) ** 2 / len(big) + seed_std(small) ** 2 / len(small))
+    return seed_mean(big) - seed_mean(small), se
+
+
 def above_chance(n_independent: int) -> float:
     """Accuracy a coin at 50% reaches with probability < 3e-7 on ``n_independent`` answers.
 

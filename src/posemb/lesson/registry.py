@@ -250,11 +250,16 @@ def make_figure(
     text: str,
     call: str,
     alt_text: str,
+    *,
     kind: str,
     draw: Draw,
     controls: Sequence[Control] = (),
 ) -> Figure:
-    """Run ``draw`` for every combination of control values and collect the states."""
+    """Run ``draw`` for every combination of control values and collect the states.
+
+    The four texts come first, in the order a reader meets them (title, caption text, the posemb
+    call that made the data, the alt text); what makes the figure is passed by name.
+    """
     states: dict[str, object] = {}
     readouts: dict[str, str] = {}
     for combo in itertools.product(*(c.values for c in controls)):

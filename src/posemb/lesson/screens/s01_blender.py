@@ -22,14 +22,7 @@ from ...attention import attention_probs, permutation_matrix
 from ...lab import dog_bites_man as dbm
 from .. import charts, diagrams, measure
 from ..charts import alt
-from ..measure import (
-    EXACT,
-    F64,
-    above_chance,
-    independent_answers,
-    seed_mean,
-    seed_std,
-)
+from ..measure import EXACT, F64, above_chance, independent_answers, seed_drop, seed_mean, seed_std
 from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
 
 SCREEN = screen(
@@ -160,12 +153,6 @@ def _dog_bites_man_trained() -> Result:
 SMALL_TASK_SEEDS = tuple(range(10))  # small-task runs are cheap (~1 s); the effect is ~0.1
 
 
-def _drop_beyond_noise(big: Sequence[float], small: Sequence[float]) -> tuple[float, float]:
-    """(mean(big) - mean(small), its standard error from the seed-to-seed spread of each)."""
-    se = math.sqrt(seed_std(big) ** 2 / len(big) + seed_std(small) ** 2 / len(small))
-    return seed_mean(big) - seed_mean(small), se
-
-
 @claim(
     "attention.dog_bites_man.small_task_memorises",
     SCREEN,
@@ -180,7 +167,7 @@ def _dog_bites_man_small_task() -> Result:
     big = dbm.accuracy_over_seeds()
     rows, ok = [], True
     for enc in ("alibi", "t5"):
-        drop, se = _drop_beyond_noise(big[enc], small[enc]["held_out"])
+        drop, se = seed_drop(big[enc], small[enc]["held_out"])
         fits = min(small[enc]["train"]) == 1.0
         # Three standard errors of the difference: a drop, or none, beyond seed noise.
         ok = ok and fits and (drop > 3 * se if enc == "alibi" else drop < 3 * se)
@@ -329,9 +316,9 @@ def fig_blender(summary: dict[str, Any]) -> Figure:
         "Colour strips of each word's 16-channel attention output in both sentences, and a "
         "third strip of their difference: blank without positions, coloured with sinusoidal or "
         "RoPE positions. A colour bar gives the values.",
-        "svg",
-        draw,
-        [Control("fig-blender-encoding", "positions", "toggle", tuple(ENCODING_NAMES), 0)],
+        kind="svg",
+        draw=draw,
+        controls=[Control("fig-blender-encoding", "positions", "toggle", tuple(ENCODING_NAMES), 0)],
     )
 
 
@@ -404,9 +391,9 @@ def fig_permutation(summary: dict[str, Any]) -> Figure:
         "posemb.permutation_matrix([2, 1, 0]); posemb.attention_probs(q, k); "
         "posemb.dot_product_attention(q, k, v)",
         "Two heatmaps per step, from X and from P X, holding the same values in permuted rows.",
-        "vega",
-        draw,
-        [Control("fig-permutation-step", "step", "slider", PERMUTATION_STEPS, 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-permutation-step", "step", "slider", PERMUTATION_STEPS, 0)],
     )
 
 
@@ -414,6 +401,35 @@ CAUSAL_LOGIT_STD = 1.0
 """Spread of the last query's logits after :func:`fig_causal_same_token` scales q and k: the
 raw logits spread so widely that softmax puts nearly all weight on one key (and 1e-10 on the
 token's own copies); at 1 every weight stays within a factor ~10 of 1/600, on a linear axis."""
+
+
+def _causal_chart(t: int) -> alt.TopLevelMixin:
+    """Weight against steps back: other keys as dots, the three copies as diamonds, and the
+    uniform weight 1/t."""
+    base = alt.Chart(charts.rows_source()).encode(
+        x=alt.X("back:Q", title="steps back from the last token", scale=alt.Scale(domain=[0, t])),
+        y=alt.Y("w:Q", title="attention weight of the last token"),
+        color=alt.Color(
+            "key:N", title=None, scale=charts.colors(["the same token", "other tokens"])
+        ),
+        tooltip=["back:Q", alt.Tooltip("w:Q", format=".4g"), "key:N"],
+    )
+    others = base.transform_filter("datum.key == 'other tokens'").mark_point(
+        aria=False, filled=True, size=14, opacity=0.6
+    )
+    same = base.transform_filter("datum.key == 'the same token'").mark_point(
+        aria=False, filled=True, size=160, shape="diamond"
+    )
+    uniform = alt.Chart(
+        charts.inline_data([{"w": charts.rounded(1 / t), "label": f"1/{t} (every key alike)"}])
+    ).encode(y="w:Q")
+    rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+        tooltip=["label:N"]
+    )
+    label = uniform.mark_text(
+        aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
+    ).encode(x=alt.datum(t), text="label:N")
+    return (rule + label + others + same).properties(width=charts.WIDE - 140, height=260)
 
 
 @figure("fig-causal-same-token")
@@ -443,32 +459,7 @@ def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
             # copies are always drawn.
             if j in back or t - 1 - j <= 50 or (t - 1 - j) % 5 == 0
         ]
-        base = alt.Chart(charts.rows_source()).encode(
-            x=alt.X(
-                "back:Q", title="steps back from the last token", scale=alt.Scale(domain=[0, t])
-            ),
-            y=alt.Y("w:Q", title="attention weight of the last token"),
-            color=alt.Color(
-                "key:N", title=None, scale=charts.colors(["the same token", "other tokens"])
-            ),
-            tooltip=["back:Q", alt.Tooltip("w:Q", format=".4g"), "key:N"],
-        )
-        others = base.transform_filter("datum.key == 'other tokens'").mark_point(
-            aria=False, filled=True, size=14, opacity=0.6
-        )
-        same = base.transform_filter("datum.key == 'the same token'").mark_point(
-            aria=False, filled=True, size=160, shape="diamond"
-        )
-        uniform = alt.Chart(
-            charts.inline_data([{"w": charts.rounded(1 / t), "label": f"1/{t} (every key alike)"}])
-        ).encode(y="w:Q")
-        rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
-            tooltip=["label:N"]
-        )
-        label = uniform.mark_text(
-            aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
-        ).encode(x=alt.datum(t), text="label:N")
-        chart = (rule + label + others + same).properties(width=charts.WIDE - 140, height=260)
+        chart = _causal_chart(t)
         w = [float(probs[pos]) for pos in measure.SAME_TOKEN_AT]
         spread = (max(w) - min(w)) / w[0]
         equal = spread < EXACT
@@ -493,9 +484,11 @@ def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
         "Scatter of attention weight against steps back on linear axes, the three copies of the "
         "token as large diamonds; they sit at one height without positions and at three "
         "heights with RoPE.",
-        "vega",
-        draw,
-        [Control("fig-causal-encoding", "positions", "toggle", ("no positions", "RoPE"), 0)],
+        kind="vega",
+        draw=draw,
+        controls=[
+            Control("fig-causal-encoding", "positions", "toggle", ("no positions", "RoPE"), 0)
+        ],
     )
 
 
@@ -540,8 +533,8 @@ def fig_counting(summary: dict[str, Any]) -> Figure:
         "position. A causal model without positions can read absolute position from it.",
         "posemb.lesson.claims.counting_signal(16)",
         "Line of the attention output by position, falling 1, 1/2, 1/3, ..., on top of 1/(i+1).",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )
 
 
@@ -615,9 +608,9 @@ def fig_trained_attention(summary: dict[str, Any]) -> Figure:
         f"posemb.lab.dog_bites_man.trained_encoder('rope', 0, steps={TRAINED_STEPS})"
         ".attention_weights(tokens)",
         "Four 4x4 heatmaps of attention weights, one per head, for the chosen sentence.",
-        "vega",
-        draw,
-        [Control("fig-trained-attention-sentence", "sentence", "toggle", SENTENCES, 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-trained-attention-sentence", "sentence", "toggle", SENTENCES, 0)],
     )
 
 
@@ -794,6 +787,6 @@ def fig_trained_accuracy(
         f"posemb.lab.dog_bites_man.accuracy_over_seeds() (posemb verify, claim {TRAINED_CLAIM})",
         "Bars of held-out accuracy per encoding with a dashed chance line at 0.5 and a dashed "
         "pass bar near 0.8; NoPE's bar stops at chance, the others reach about 1.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )

@@ -167,8 +167,8 @@ def fig_sinusoidal_table(summary: dict[str, Any]) -> Figure:
         "posemb.sinusoidal_table(64, 32)",
         "Heatmap of the 64 x 32 sinusoidal table: fast stripes on the left, near-constant "
         "columns on the right.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )
 
 
@@ -212,9 +212,9 @@ def fig_offset_cosine(summary: dict[str, Any]) -> Figure:
         "faster.",
         "posemb.sinusoidal_table(100 + k, 768, base)",
         "Line of cosine similarity against offset, falling from 1 and levelling off.",
-        "vega",
-        draw,
-        [Control("fig-offset-cosine-base", "base", "slider", tuple(BASES), 2)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-offset-cosine-base", "base", "slider", tuple(BASES), 2)],
     )
 
 
@@ -346,9 +346,11 @@ def fig_random_cosines(summary: dict[str, Any]) -> Figure:
         "posemb.lesson.claims.random_cosines(d, 500)",
         "Histogram of cosines that narrows around zero as the dimension slider grows, following "
         "a normal curve of standard deviation 1/sqrt(d).",
-        "vega",
-        draw,
-        [Control("fig-random-cosines-dim", "dimension d", "slider", DIMS, DIMS.index("512"))],
+        kind="vega",
+        draw=draw,
+        controls=[
+            Control("fig-random-cosines-dim", "dimension d", "slider", DIMS, DIMS.index("512"))
+        ],
     )
 
 
@@ -391,9 +393,9 @@ def fig_four_terms(summary: dict[str, Any]) -> Figure:
         "to see what each contributes; all four give QK^T exactly.",
         "posemb.lesson.claims.four_terms()",
         "Heatmap of the 10 x 10 logits built from the chosen terms.",
-        "vega",
-        draw,
-        controls,
+        kind="vega",
+        draw=draw,
+        controls=controls,
     )
 
 
@@ -456,6 +458,6 @@ def fig_norms(summary: dict[str, Any]) -> Figure:
         "posemb.sinusoidal_table(256, 768).norm(dim=-1); posemb.LearnedEmbedding(256, 768)",
         "Three flat bands of norms on a log scale: token rows near 28, sinusoidal exactly 19.6, "
         "learned rows near 0.55.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )

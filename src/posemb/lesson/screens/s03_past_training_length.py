@@ -217,9 +217,9 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
         "vector to add.",
         f"posemb.LearnedEmbedding({TABLE_ROWS}, 8)(x, positions)",
         "Bars of row norms for positions 0-31 and crosses for 32-47, where the table has no row.",
-        "vega",
-        draw,
-        [Control("fig-learned-no-row-position", "position", "slider", LOOKUPS, 1)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-learned-no-row-position", "position", "slider", LOOKUPS, 1)],
     )
 
 
@@ -357,9 +357,9 @@ def fig_scaling(summary: dict[str, Any]) -> Figure:
         f"posemb.scaling.Yarn(s, {SCALING_LEN}).compute({SCALING_DIM}, {SCALING_BASE})",
         "Lines of wavelength (log scale) against pair index for the default schedule and four "
         "scalings, each with its own colour and dash pattern; they fan out as the factor grows.",
-        "vega",
-        draw,
-        [Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
     )
 
 
@@ -509,9 +509,9 @@ def fig_lab_loss(summary: dict[str, Any]) -> Figure:
         "posemb.lab.report.default_summary()",
         "Lines of loss against evaluation length (log scale) per encoding, with shaded seed "
         "spread and a dashed unigram line.",
-        "vega",
-        draw,
-        [Control("fig-lab-loss-part", "loss over", "toggle", LOSS_PARTS, 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-lab-loss-part", "loss over", "toggle", LOSS_PARTS, 0)],
     )
 
 
@@ -649,7 +649,7 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
         "against the distance from the fact to the query, with a dashed chance line: every "
         "line starts near 1; ALiBi and plain RoPE fall towards chance as the fact moves away, "
         "RoPE with YaRN stays near 1.",
-        "vega",
-        draw,
-        [Control("fig-lab-retrieval-by", "accuracy by", "toggle", RETRIEVAL_VIEWS, 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-lab-retrieval-by", "accuracy by", "toggle", RETRIEVAL_VIEWS, 0)],
     )

@@ -130,9 +130,9 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
         "between them, and so the logit q^T R_(n-m) k, stays the same.",
         "posemb.rotation_matrix(m, torch.tensor([math.pi / 4])) @ q",
         "A dial with two hands, query and key; the logit shown depends only on m - n.",
-        "svg",
-        draw,
-        [
+        kind="svg",
+        draw=draw,
+        controls=[
             Control("fig-dials-m", "query position m", "slider", MN, 3),
             Control("fig-dials-n", "key position n", "slider", MN, 1),
         ],

@@ -167,9 +167,9 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
         "90° apart, their dot product is 0 (to float64 rounding).",
         "posemb.rotation_matrix(3, torch.tensor([math.pi / 4])) @ q",
         "A dial on which the query and key hands turn step by step to 135 and 45 degrees.",
-        "svg",
-        draw,
-        [Control("fig-toy-trace-step", "step", "slider", TRACE_STEPS, 0)],
+        kind="svg",
+        draw=draw,
+        controls=[Control("fig-toy-trace-step", "step", "slider", TRACE_STEPS, 0)],
     )
 
 
@@ -222,9 +222,9 @@ def fig_pair_dials(summary: dict[str, Any]) -> Figure:
         "the count for a sinusoidal table, not for RoPE.",
         "posemb.angles(m, posemb.inv_freq(head_dim))",
         "A grid of small dials; the first turn visibly with position, the last barely move.",
-        "svg",
-        draw,
-        [
+        kind="svg",
+        draw=draw,
+        controls=[
             Control("fig-pair-dials-head-dim", "head_dim", "toggle", HEAD_DIMS, 0),
             Control("fig-pair-dials-position", "position m", "slider", DIAL_POSITIONS, 2),
         ],

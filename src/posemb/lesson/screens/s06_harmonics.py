@@ -240,9 +240,9 @@ def fig_waves(summary: dict[str, Any]) -> Figure:
         "posemb.sinusoidal_table(positions, 768); posemb.wavelengths(768)",
         "Four stacked panels of sine and cosine waves, pairs 0, 32, 128 and 383, each titled "
         "with its wavelength; the range slider widens the shared position axis.",
-        "vega",
-        draw,
-        [Control("fig-waves-range", "positions", "slider", tuple(WAVE_RANGES), 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-waves-range", "positions", "slider", tuple(WAVE_RANGES), 0)],
     )
 
 
@@ -309,6 +309,6 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
         "(about 0.03 at 2^20); posemb forms angles in float64 and stays at float32 rounding.",
         "posemb.cos_sin(positions, posemb.inv_freq(128, dtype=torch.float64))",
         "Two lines of error against position (log-log): one rising to 1e-2, one flat near 1e-7.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )

@@ -212,7 +212,7 @@ def fig_logit_mn(summary: dict[str, Any]) -> Figure:
         "themselves.",
         "posemb.RotaryEmbedding(16).rotate(q, positions)",
         "24 x 24 heatmap of logits; diagonal stripes for RoPE, no clean stripes for additive.",
-        "vega",
-        draw,
-        [Control("fig-logit-mn-encoding", "positions", "toggle", LOGIT_ENCODINGS, 0)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-logit-mn-encoding", "positions", "toggle", LOGIT_ENCODINGS, 0)],
     )

@@ -260,9 +260,9 @@ def fig_three_forms(summary: dict[str, Any]) -> Figure:
         "posemb.apply_rope(x, cos, sin); posemb.rotation_matrix(m, theta); "
         "posemb.rope_complex(x, [m], theta)",
         "Three markers per channel at the same height: the forms agree.",
-        "vega",
-        draw,
-        [Control("fig-three-forms-position", "position m", "slider", FORM_POSITIONS, 2)],
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-three-forms-position", "position m", "slider", FORM_POSITIONS, 2)],
     )
 
 
@@ -340,9 +340,9 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
         "posemb.rotation_matrix(m, posemb.inv_freq(16), layout)",
         "16 x 16 heatmap of the rotation matrix with each pair's entries outlined: diagonal "
         "2 x 2 blocks, or two offset diagonals for rotate_half.",
-        "vega",
-        draw,
-        [
+        kind="vega",
+        draw=draw,
+        controls=[
             Control("fig-givens-layout", "pairing", "toggle", LAYOUTS, 1),
             Control("fig-givens-position", "position m", "slider", GIVENS_POSITIONS, 2),
         ],
@@ -393,6 +393,6 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         "dashed lines are the lesson's numbers.",
         "posemb.wavelengths(768)",
         "384 points rising on a log scale from 6.28 to 61,343, with dashed lines at 2 and 10,000.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )

@@ -137,8 +137,8 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
         "posemb.lesson.claims.param_counts()",
         "Horizontal bars, each labelled with its count: learned far ahead at +131,072, T5 and "
         "FIRE a few hundred, the others 0.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )
 
 
@@ -214,6 +214,6 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
         f"posemb.lesson.claims.learned_row_gradient_norms({window})",
         "Bars of gradient norm for rows 0-15 and diamonds at zero, labelled exactly 0, for "
         "rows 16-63.",
-        "vega",
-        draw,
+        kind="vega",
+        draw=draw,
     )
