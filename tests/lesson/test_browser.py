@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-ARTIFACTS = pathlib.Path(__file__).resolve().parents[1] / "test-artifacts" / "lesson"
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts" / "lesson"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -161,5 +161,132 @@ def test_every_control_is_reached_by_tab_with_a_visible_focus(browser, lesson_bu
             if seen == want:
                 break
         assert seen == want, sorted(want - seen)
+    finally:
+        context.close()
+
+
+def _layout(page) -> list[dict]:
+    """Per screen: the top of its heading and of its first figure, in page pixels."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('section.screen')].map(s => {
+             const h = s.querySelector('h2').getBoundingClientRect().top + scrollY;
+             const f = s.querySelector('figure.fig');
+             return {id: s.id, heading: h,
+                     figure: f ? f.getBoundingClientRect().top + scrollY : null}; })"""
+    )
+
+
+def test_each_screen_shows_its_figure_first_and_folds_its_evidence(browser, lesson_build):
+    """A learner meets the question, a short intuition and the main figure within the first
+    screenful (900 px at 960 px wide); the checks and corrections wait, folded, until asked."""
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    context = browser.new_context(viewport={"width": 960, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(lesson_build.index.as_uri())
+        page.wait_for_timeout(500)
+        for s in _layout(page):
+            assert s["figure"] is not None and s["figure"] - s["heading"] <= 900, s
+        claims = page.locator("li.claim")
+        assert claims.count() == sum(len(s["claims"]) for s in manifest["screens"])
+        assert all(not c.is_visible() for c in claims.all())
+        for details in page.locator("details.evidence").all():
+            details.locator("summary").click()
+        assert all(c.is_visible() for c in claims.all())
+        # The claim ids live only in the folded part.
+        ids = page.evaluate(
+            "() => [...document.querySelectorAll('code')].filter(c => "
+            "!c.closest('details.evidence') && /^[a-z]+\\\\.[a-z_.]+$/.test(c.textContent))"
+            ".map(c => c.textContent)"
+        )
+        assert ids == [], ids
+    finally:
+        context.close()
+
+
+def test_every_exercise_reveals_what_posemb_computed_and_shows_its_state(browser, lesson_build):
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    exercises = manifest["exercises"]
+    assert sorted(e["screen"] for e in exercises) == [s["number"] for s in manifest["screens"]]
+    figures = {f["id"]: f for f in manifest["figures"]}
+    context, page, errors, _ = _open(browser, lesson_build.index, "light")
+    try:
+        for e in exercises:
+            box = page.locator(f"#exercise-{e['screen']}")
+            answer = box.locator(".answer")
+            assert not answer.is_visible()
+            box.locator("summary").click()
+            assert answer.is_visible() and answer.inner_text() == e["answer"]
+            box.locator("button.show").click()
+            page.wait_for_timeout(200)
+            view = page.locator(f"#{e['figure']}-view")
+            assert view.get_attribute("data-state") == e["state"], e
+            readout = page.locator(f"#{e['figure']}-readout").inner_text()
+            assert readout == figures[e["figure"]]["readouts"][e["state"]]
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+def test_a_phone_sized_window_scrolls_only_down_and_keeps_text_readable(browser, lesson_build):
+    context = browser.new_context(viewport={"width": 400, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(lesson_build.index.as_uri())
+        page.wait_for_timeout(800)
+        for details in page.locator("details").all():
+            details.locator("summary").click()
+        page.wait_for_timeout(200)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width == 400, width
+        small = page.evaluate(
+            """() => [...document.querySelectorAll('main p, main li, main td, main th, '
+                 + 'main figcaption, main summary, .view svg text')]
+               .filter(el => el.getClientRects().length && el.textContent.trim())
+               .map(el => {
+                 const r = el.getBoundingClientRect();
+                 let px = parseFloat(getComputedStyle(el).fontSize);
+                 if (el instanceof SVGElement) {
+                   const svg = el.ownerSVGElement;
+                   const vb = svg.viewBox.baseVal;
+                   const scale = vb && vb.width ? svg.getBoundingClientRect().width / vb.width : 1;
+                   px = px * scale;
+                 }
+                 return {text: el.textContent.trim().slice(0, 40), px};
+               }).filter(x => x.px < 9.95)"""
+        )
+        assert not small, small[:10]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        for s in page.locator("section.screen").all():
+            s.screenshot(path=str(ARTIFACTS / f"{s.get_attribute('id')}-400px.png"))
+    finally:
+        context.close()
+
+
+def _near_white(png: bytes) -> float:
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    pixels = list(img.getdata())
+    return sum(1 for r, g, b in pixels if min(r, g, b) > 235) / len(pixels)
+
+
+def test_dark_mode_draws_no_white_boxes(browser, lesson_build):
+    manifest = json.loads((lesson_build.folder / "manifest.json").read_text())
+    context, page, errors, _ = _open(browser, lesson_build.index, "dark")
+    try:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        for fig in manifest["figures"]:
+            if fig["kind"] == "img":
+                continue  # the parchment is a cream picture on purpose
+            shot = page.locator(f"#{fig['id']}").screenshot()
+            assert _near_white(shot) < 0.05, fig["id"]
+        for s in manifest["screens"]:
+            page.locator(f"#{s['anchor']}").screenshot(
+                path=str(ARTIFACTS / f"{s['anchor']}-dark.png")
+            )
+        assert not errors, errors
     finally:
         context.close()

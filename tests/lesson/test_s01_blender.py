@@ -81,25 +81,28 @@ def test_trained_attention_is_the_models_own(by_id):
     assert len(got) == w.numel()
 
 
-def _walk(node):
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk(v)
-
-
-def test_causal_figure_is_linear_and_says_whether_the_copies_agree(by_id):
+def test_causal_figure_shows_the_three_copies_weights(by_id):
     fig = by_id["fig-causal-same-token"]
-    assert fig.readouts["no positions"].startswith("same weight at 1, 99, 599 back: yes")
-    assert fig.readouts["RoPE"].startswith("same weight at 1, 99, 599 back: no")
-    for spec in fig.states.values():
-        assert not any(n.get("type") == "log" for n in _walk(spec))
-        w = [r["w"] for r in spec["data"]["values"]]
-        # Not saturated: every weight within a factor 10 of uniform attention over 600 keys.
-        assert min(w) > 1 / 6000 and max(w) < 10 / 600
+    readout = fig.readouts[""]
+    assert "no positions: the same" in readout and "RoPE: not the same" in readout
+    rows = next(
+        n["values"] for n in _walk(fig.states[""]) if "values" in n and "encoding" in n["values"][0]
+    )
+    assert sorted({r["back"] for r in rows}) == [1, 99, 599]
+    none = [r["w"] for r in rows if r["encoding"] == "no positions"]
+    assert len(set(none)) == 1
+    # Not saturated: every weight within a factor 10 of uniform attention over 600 keys.
+    assert all(1 / 6000 < r["w"] < 10 / 600 for r in rows)
+
+
+def test_the_exercise_answer_is_measured_not_typed(monkeypatch):
+    from posemb.lesson import registry
+
+    (before,) = [e for e in registry.exercises() if e.screen == 1]
+    assert "float64 rounding" in before.answer
+    monkeypatch.setattr(measure, "word_change", lambda a, b: 0.5)
+    (after,) = [e for e in registry.exercises() if e.screen == 1]
+    assert after.answer != before.answer and "0.5" in after.answer
 
 
 def _trained_row(value):
@@ -127,3 +130,14 @@ def test_trained_accuracy_draws_the_verify_rows_it_is_given(by_id):
 def test_trained_accuracy_refuses_a_row_that_is_not_the_claims(value):
     with pytest.raises(ValueError, match=s01.TRAINED_CLAIM):
         figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])
+
+
+def _walk(node):
+    """Every dict inside a JSON-like value."""
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)

@@ -38,12 +38,19 @@ def test_learned_rows_claim_fails_when_every_row_is_trained(monkeypatch, claim_o
     assert not claim.run()["passed"]
 
 
-def test_the_scaling_and_table_figures_show_what_posemb_computes(by_id):
-    yarn = posemb.scaling.Yarn(8.0, s03.SCALING_LEN).effective_attention_factor()
-    assert by_id["fig-scaling"].readouts["8"].endswith(f"{yarn:.4f}")
+def test_the_table_figures_show_what_posemb_computes(by_id):
     # The learned table refuses past its last row, in posemb's own words.
     assert "ValueError" not in by_id["fig-learned-no-row"].readouts["31"]
     assert "learned table" in by_id["fig-learned-no-row"].readouts["32"]
+
+
+def test_jerseys_run_out_past_the_table_and_watches_keep_their_angle(by_id):
+    fig = by_id["fig-jersey-vs-watch"]
+    assert set(fig.readouts) == set(s03.RACES)
+    for race, last in s03.RACES.items():
+        readout = fig.readouts[race]
+        assert readout.endswith("watches: 3 hours apart"), readout
+        assert ("no shirt" in readout) == (last > s03.RACE_MILES), readout
 
 
 def test_lab_figure_reads_the_summary_it_is_given():

@@ -2,6 +2,8 @@
 
 import torch
 
+import posemb
+from posemb.lesson.screens import s07_carousel as s07
 from posemb.rope import RotaryEmbedding
 
 
@@ -28,3 +30,25 @@ def test_the_sign_claim_fails_without_positions(broken):
 def test_the_scaling_claim_fails_when_yarn_restores_everything(broken, fake_lab):
     flat = fake_lab(yarn_flat=True)
     assert not broken("rope.scaling_alone_is_partial", "lab_summary", lambda: flat)
+
+
+def test_the_scaling_figure_shows_what_posemb_computes(by_id):
+    yarn = posemb.scaling.Yarn(8.0, s07.SCALING_LEN).effective_attention_factor()
+    assert by_id["fig-scaling"].readouts["8"].endswith(f"{yarn:.4f}")
+
+
+def test_the_decay_figure_draws_the_claims_measurement(by_id, claim_of):
+    measured = claim_of("rope.no_decay_for_random_vectors").run()["value"]
+    curves = s07.decay_curves((0, 1, 10, 100, 1000, 10_000))
+    assert list(curves[s07.DECAY_CURVES[0]].values()) == measured["rms"]
+    assert list(curves[s07.DECAY_CURVES[2]].values()) == measured["bound"]
+    rows = by_id["fig-rope-decay"].states[""]["data"]["values"]
+    assert {r["curve"] for r in rows} == set(s07.DECAY_CURVES)
+
+
+def test_where_rope_acts_measures_the_shift(by_id):
+    fig = by_id["fig-where-rope-acts"]
+    rope_mode, absolute_mode = s07.WHERE_MODES
+    assert "float64 rounding" in fig.readouts[rope_mode]
+    assert "float64 rounding" not in fig.readouts[absolute_mode]
+    assert "R_m q" in fig.states[rope_mode] and "R_m q" not in fig.states[absolute_mode]

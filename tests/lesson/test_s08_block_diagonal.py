@@ -35,9 +35,11 @@ def test_the_givens_and_period_figures_show_what_posemb_computes(by_id):
     det = float(torch.linalg.det(r))
     readout = by_id["fig-givens"].readouts[f"{s08.LAYOUTS[0]}|3"]
     assert f"{det:.6f}" in readout and f"(error {abs(det - 1):.1e})" in readout
-    lam = posemb.wavelengths(768)
-    assert f"{float(lam[0]):.6f}" in by_id["fig-periods"].readouts[""]
-    assert f"{float(lam[-1]):,.1f}" in by_id["fig-periods"].readouts[""]
+    for of, d in s08.PERIOD_TABLES.items():
+        lam = posemb.wavelengths(d)
+        readout = by_id["fig-periods"].readouts[of]
+        assert readout.startswith(f"{d // 2} pairs")
+        assert f"{float(lam[0]):.6f}" in readout and f"{float(lam[-1]):,.1f}" in readout
 
 
 def test_figures_follow_the_library_not_typed_numbers(monkeypatch):
@@ -45,6 +47,7 @@ def test_figures_follow_the_library_not_typed_numbers(monkeypatch):
     real = posemb.freqs.wavelengths
     monkeypatch.setattr(posemb.freqs, "wavelengths", lambda d, base=10000.0: real(d, base) * 2)
     after = figures.build_figure("fig-periods")
-    assert before.states[""] != after.states[""]
-    assert before.readouts[""] != after.readouts[""]
-    assert f"{2 * 2 * math.pi:.6f}" in after.readouts[""]
+    key = list(s08.PERIOD_TABLES)[-1]
+    assert before.states[key] != after.states[key]
+    assert before.readouts[key] != after.readouts[key]
+    assert f"{2 * 2 * math.pi:.6f}" in after.readouts[key]

@@ -119,6 +119,9 @@ def spec(chart: alt.TopLevelMixin | dict[str, Any], rows: list[dict[str, Any]]) 
         return node
 
     out = fill(out)
+    # No white box: the chart draws on the card, in light and dark mode alike (page.css gives
+    # its axes and legends the page's colours in dark mode).
+    out.setdefault("background", "transparent")
     config = out.setdefault("config", {})
     for part, sizes in FONTS.items():
         config[part] = {**sizes, **config.get(part, {})}
@@ -188,3 +191,79 @@ def heat(
         )
         .properties(width=size[0], height=size[1])
     )
+
+
+def seed_bars(
+    categories: Sequence[str],
+    refs: Sequence[tuple[float, str]],
+    *,
+    width: int,
+    measured: bool,
+    y_title: str,
+) -> alt.TopLevelMixin:
+    """Bars of a mean per category (rows of kind "mean": ``encoding``, ``acc``, ``label``,
+    ``above``, ``seeds``) with each seed as a dot (kind "seed") and dashed reference lines
+    ``refs`` (value, label) labelled beside the plot. Not ``measured``: the axis and the lines,
+    and "not measured in this build" where the bars would be."""
+    encodings = list(categories)
+    x = alt.X(
+        "encoding:N",
+        title=None,
+        sort=encodings,
+        scale=alt.Scale(domain=encodings),
+        axis=alt.Axis(labelAngle=0),
+    )
+    y_scale = alt.Scale(domain=[0, 1.08])
+    y = alt.Y("acc:Q", title=y_title, scale=y_scale)
+    base = alt.Chart().encode(x=x)  # the rows come once, with the layer
+    bars = (
+        base.transform_filter("datum.kind == 'mean'")
+        .mark_bar(aria=False, width={"band": 0.6})
+        .encode(
+            y=y,
+            color=alt.Color(
+                "above:N",
+                title="every seed above the pass bar",
+                scale=alt.Scale(domain=["yes", "no"], range=[OKABE_ITO[0], OKABE_ITO[7]]),
+                legend=alt.Legend(orient="top"),
+            ),
+            tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f"), "seeds:Q"],
+        )
+    )
+    labels = (
+        base.transform_filter("datum.kind == 'mean'")
+        .mark_text(aria=False, baseline="bottom", dy=-3, fontSize=12)
+        .encode(y="acc:Q", text="label:N")
+    )
+    seeds = (
+        base.transform_filter("datum.kind == 'seed'")
+        .mark_point(aria=False, shape="circle", filled=True, size=30, color=OKABE_ITO[6])
+        .encode(y="acc:Q", tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f")])
+    )
+    lines = alt.Chart(inline_data([{"y": rounded(v), "label": t} for v, t in refs])).encode(
+        y=alt.Y("y:Q", title=y_title, scale=y_scale)
+    )
+    rules = lines.mark_rule(aria=False, strokeDash=[5, 3], color=OKABE_ITO[1]).encode(
+        tooltip=["label:N"]
+    )
+    # Labelled beside the plot, where no bar covers them.
+    rule_labels = lines.mark_text(
+        aria=False,
+        align="left",
+        baseline="middle",
+        dx=6,
+        color=OKABE_ITO[1],
+        fontSize=12,
+    ).encode(x=alt.value(width), text="label:N")
+    layers = [rules, rule_labels]
+    if measured:
+        layers = [bars, seeds, labels, *layers]
+    else:
+        # The x axis still names every encoding, with nothing above it.
+        layers.append(base.mark_tick(aria=False, opacity=0).encode(y=alt.datum(0)))
+        layers.append(
+            alt.Chart(inline_data([{"t": "not measured in this build"}]))
+            .mark_text(aria=False, fontSize=16, color=OKABE_ITO[6])
+            .encode(x=alt.value(width / 2), y=alt.value(30), text="t:N")
+        )
+    return alt.layer(*layers, data=rows_source()).properties(width=width, height=260)

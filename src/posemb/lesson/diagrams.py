@@ -12,12 +12,15 @@ from xml.sax.saxutils import escape
 import torch
 
 
-def svg(width: int, height: int, title: str, body: str) -> str:
+def svg(width: int, height: int, title: str, body: str, *, scale: float = 1) -> str:
     """An accessible SVG: ``role="img"`` named by its ``<title>``; text in currentColor so it
-    follows the page's light or dark theme."""
+    follows the page's light or dark theme. ``scale`` enlarges the drawing on the page (its
+    width and height) without changing its coordinates (the viewBox). Text is at least 12
+    units: the page shrinks a diagram to its card only while that stays 10 px or more."""
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" font-family="sans-serif" font-size="12" '
+        f'width="{round(width * scale)}" height="{round(height * scale)}" role="img" '
+        f'font-family="sans-serif" font-size="12" '
         f'fill="currentColor"><title>{escape(title)}</title>{body}</svg>'
     )
 

@@ -4,8 +4,9 @@ A :class:`Figure` is what the page shows beside one screen of the lesson: a Vega
 (built with Altair, data inlined) or a hand-drawn SVG for the lesson's own diagrams (dials,
 the blender), in one or more *states*. Controls (sliders, toggles) pick a state; every
 combination of control values is precomputed here, with the readout posemb measured for it,
-so what the page shows for a state is exactly what posemb computes, with or without
-JavaScript (``static_svg`` holds every Vega state rendered by vl-convert).
+so what the page shows for a state is exactly what posemb computes. ``static_svg`` holds the
+first state of a Vega figure rendered by vl-convert: what a reader sees before the script runs,
+or without it (the other states need the script's controls anyway).
 
 No number in a figure is typed in: data comes from posemb calls made while building, and each
 caption ends with the call, so a reader can reproduce it in a notebook. The lesson's own
@@ -54,14 +55,15 @@ def _build(id: str, lab: Mapping[str, Any], claim_rows: Sequence[dict[str, Any]]
 def _render_jobs(
     figure: Figure, pool: concurrent.futures.Executor
 ) -> list[tuple[Figure, str, concurrent.futures.Future[str]]]:
-    """Queue vl-convert renders of every state of a "vega" figure."""
+    """Queue the vl-convert render of a "vega" figure's first state (the one the page shows
+    before its script runs)."""
     if figure.kind != "vega":
         return []
-    return [
-        (figure, key, pool.submit(vl_convert.vegalite_to_svg, spec))
-        for key, spec in figure.states.items()
-        if isinstance(spec, dict)
-    ]
+    key = figure.default_key
+    spec = figure.states[key]
+    if not isinstance(spec, dict):
+        raise TypeError(f"figure {figure.id}: a vega state must be a spec (dict)")
+    return [(figure, key, pool.submit(vl_convert.vegalite_to_svg, spec))]
 
 
 def _workers() -> int:

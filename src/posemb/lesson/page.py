@@ -24,6 +24,7 @@ from .._errors import InputError
 from .._io import read_json
 from .._version import __version__
 from . import claims as _claims
+from . import registry
 from .screens import SCREEN_TEXT
 
 ROW_KEYS: dict[str, tuple[type, ...]] = {
@@ -119,6 +120,7 @@ def build_lesson(
     _check_out(target)
     rows = list(rows) if rows is not None else _claims.run_all()
     figs = _figures.build_figures(claim_rows=rows)
+    exercises = registry.exercises()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     # mkdtemp makes the folder private; the lesson is meant to be opened and shared.
@@ -127,10 +129,10 @@ def build_lesson(
     tmp.chmod(0o777 & ~umask)
     try:
         png, svg = (pathlib.Path(p) for p in _parchment.draw_parchment(tmp))
-        html = render.render_page(SCREEN_TEXT, rows, figs, png.name, svg.name)
+        html = render.render_page(SCREEN_TEXT, rows, figs, png.name, svg.name, exercises)
         (tmp / "index.html").write_text(html, encoding="utf-8")
         (tmp / "claims.json").write_text(json.dumps(list(rows), indent=2), encoding="utf-8")
-        manifest = render.manifest(SCREEN_TEXT, rows, figs, [png.name, svg.name])
+        manifest = render.manifest(SCREEN_TEXT, rows, figs, [png.name, svg.name], exercises)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         if target.exists():
             old = target.with_name(f".{target.name}-old-{os.getpid()}")

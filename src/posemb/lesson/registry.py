@@ -42,6 +42,10 @@ class Screen:
         intuition: paragraphs, plain text.
         maths: display formulas, TeX.
         trap: the common mistake, and why it is one.
+        terms: (name, definition) rows shown where the names first appear, under
+            ``terms_title``.
+        links: (figure id, text) pointers to a figure another screen draws, where this screen
+            uses its result (a lab result is drawn once, where it teaches).
     """
 
     number: int
@@ -51,6 +55,9 @@ class Screen:
     intuition: tuple[str, ...]
     maths: tuple[str, ...]
     trap: str
+    terms: tuple[tuple[str, str], ...] = ()
+    terms_title: str = "Words used on this screen"
+    links: tuple[tuple[str, str], ...] = ()
 
 
 SCREENS: dict[int, str] = {}
@@ -217,8 +224,8 @@ class Figure:
 
     ``states`` maps :func:`state_key` of the control values to a Vega-Lite spec (dict, kind
     "vega") or SVG markup (str, kind "svg"); ``readouts`` to the text shown for that state;
-    ``static_svg`` (kind "vega") to the spec rendered by vl-convert. ``caption`` ends with
-    ``call``, the posemb call that made the data.
+    ``static_svg`` (kind "vega") to the spec rendered by vl-convert. ``caption`` is ``text``
+    followed by ``call``, the posemb call that made the data.
     """
 
     id: str
@@ -232,6 +239,11 @@ class Figure:
     readouts: dict[str, str]
     controls: tuple[Control, ...] = ()
     static_svg: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The caption without its data line: what the figure shows, for a reader."""
+        return self.caption.removesuffix(f" Data: {self.call}")
 
     @property
     def default_key(self) -> str:
@@ -318,24 +330,79 @@ def figure(
     return register
 
 
+# --- exercises -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A question a screen asks its reader: predict, then reveal.
+
+    ``answer`` is computed by posemb when the page is built (a call, never typed), ``call`` says
+    which, and ``figure`` / ``state`` name the figure state that shows it (a :func:`state_key`
+    of that figure's control values).
+    """
+
+    screen: int
+    prompt: str
+    answer: str
+    call: str
+    figure: str
+    state: str
+
+
+Answer = Callable[[], str]
+
+EXERCISES: list[tuple[int, str, str, str, str, Answer]] = []
+"""Every exercise as registered: (screen, prompt, call, figure, state, answer function)."""
+
+
+def exercise(
+    screen: int | Screen, prompt: str, *, call: str, figure: str, state: str
+) -> Callable[[Answer], Answer]:
+    """Register the decorated function as the answer to ``prompt`` (run when the page is
+    built, so a changed measurement changes the answer)."""
+    number = screen.number if isinstance(screen, Screen) else screen
+
+    def register(answer: Answer) -> Answer:
+        if any(e[0] == number for e in EXERCISES):
+            raise InputError(f"screen {number} already has an exercise")
+        EXERCISES.append((number, prompt, call, figure, state, answer))
+        return answer
+
+    return register
+
+
+def exercises() -> list[Exercise]:
+    """Every exercise with its answer computed now, in screen order."""
+    return [
+        Exercise(screen=n, prompt=p, answer=answer(), call=c, figure=f, state=st)
+        for n, p, c, f, st, answer in sorted(EXERCISES, key=lambda e: e[0])
+    ]
+
+
 __all__ = [
     "BUILDERS",
     "CLAIMS",
+    "EXERCISES",
     "PREPARE",
     "READS_CLAIMS",
     "SCREENS",
     "SCREEN_LIST",
     "STATE_SEPARATOR",
     "VERDICTS",
+    "Answer",
     "Builder",
     "Check",
     "Claim",
     "Control",
     "Draw",
+    "Exercise",
     "Figure",
     "Result",
     "Screen",
     "claim",
+    "exercise",
+    "exercises",
     "figure",
     "make_figure",
     "screen",

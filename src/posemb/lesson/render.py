@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Any
 
 from .._version import __version__
-from .registry import STATE_SEPARATOR, Screen, state_key
+from .registry import STATE_SEPARATOR, Exercise, Screen, state_key
 
 _SCRIPT_END = re.compile(r"</(script)", re.IGNORECASE)
 
@@ -68,12 +68,36 @@ def _figure_data(figs: Sequence[Any]) -> dict[str, object]:
     }
 
 
+_VERDICT_WORDS = {
+    "wrong": "gets {n} wrong",
+    "overstated": "overstates {n}",
+    "incomplete": "leaves {n} incomplete",
+}
+_COUNTS = {1: "one thing", 2: "two things", 3: "three things", 4: "four things"}
+
+
+def evidence_summary(rows: Sequence[dict[str, object]]) -> str:
+    """The one line a screen's folded checks show: how many hold, and what the source lesson
+    gets wrong, e.g. "5 of 5 checks hold; the source lesson overstates one thing"."""
+    held = sum(1 for r in rows if r["passed"])
+    line = f"{held} of {len(rows)} checks hold in this build"
+    parts = []
+    for verdict, words in _VERDICT_WORDS.items():
+        n = sum(1 for r in rows if r["verdict"] == verdict)
+        if n:
+            parts.append(words.format(n=_COUNTS.get(n, f"{n} things")))
+    if parts:
+        line += "; the source lesson " + " and ".join(parts)
+    return line + " (open to see them)"
+
+
 def render_page(
     screens: Sequence[Screen],
     rows: Sequence[dict[str, object]],
     figs: Sequence[Any],
     parchment_png: str,
     parchment_svg: str,
+    exercises: Sequence[Exercise] = (),
 ) -> str:
     """The whole ``index.html`` as a string.
 
@@ -83,6 +107,8 @@ def render_page(
         figs: :class:`posemb.lesson.registry.Figure` objects.
         parchment_png: file name of the parchment PNG beside ``index.html``.
         parchment_svg: same, SVG.
+        exercises: the screens' questions with their answers
+            (:func:`posemb.lesson.registry.exercises`).
     """
     import jinja2
 
@@ -100,11 +126,14 @@ def render_page(
     }
     wrong = [r for r in rows if r["verdict"] not in ("holds", "n/a")]
     numbers = [s.number for s in screens]
+    claims_by_screen = _by_screen(rows, lambda r: r["screen"], numbers)
     failed = [str(r["id"]) for r in rows if not r["passed"]]
     return env.get_template("index.html.j2").render(
         version=__version__,
         screens=screens,
-        claims_by_screen=_by_screen(rows, lambda r: r["screen"], numbers),
+        claims_by_screen=claims_by_screen,
+        evidence_summary={n: evidence_summary(rs) for n, rs in claims_by_screen.items()},
+        exercises_by_screen={e.screen: e for e in exercises},
         wrong_by_screen=_by_screen(wrong, lambda r: r["screen"], numbers),
         figs_by_screen=_by_screen(figs, lambda f: f.screen, numbers),
         first_view=first_view,
@@ -136,6 +165,7 @@ def manifest(
     rows: Sequence[dict[str, object]],
     figs: Sequence[Any],
     files: Sequence[str],
+    exercises: Sequence[Exercise] = (),
 ) -> dict[str, object]:
     """What the page holds, for tests and tools: every figure, its data call, every control and
     the readout it must show in each state, and the claims per screen."""
@@ -190,7 +220,12 @@ def manifest(
                 "readouts": {},
             }
         ],
+        "exercises": [
+            {"screen": e.screen, "prompt": e.prompt, "answer": e.answer, "call": e.call}
+            | {"figure": e.figure, "state": e.state}
+            for e in exercises
+        ],
     }
 
 
-__all__ = ["default_key", "manifest", "render_page"]
+__all__ = ["default_key", "evidence_summary", "manifest", "render_page"]

@@ -23,7 +23,7 @@ from ...lab import dog_bites_man as dbm
 from .. import charts, diagrams, measure
 from ..charts import alt
 from ..measure import EXACT, F64, above_chance, independent_answers, seed_drop, seed_mean, seed_std
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -56,6 +56,26 @@ SCREEN = screen(
     trap=(
         "Thinking the causal mask already tells the model where tokens are. It limits which "
         "keys a query sees, but says nothing about how far back a visible key is."
+    ),
+    terms_title="The encodings on this page",
+    terms=(
+        ("NoPE", "no positions at all: attention sees a bag of tokens (a causal mask aside)."),
+        (
+            "sinusoidal, learned",
+            "absolute: a vector per position added to each token before the first layer, fixed "
+            "sines and cosines (Vaswani et al. 2017) or a trained table (GPT-2, BERT).",
+        ),
+        (
+            "RoPE, xPos",
+            "rotary: q and k turned by an angle proportional to their position in every layer, "
+            "so a logit sees only their distance (Su et al. 2021); xPos adds a decay to it.",
+        ),
+        ("ALiBi", "a fixed penalty on each logit, proportional to the distance |i - j|."),
+        (
+            "T5, FIRE",
+            "a learned bias on each logit as a function of the distance: T5 in log-spaced "
+            "buckets, FIRE through a small network of the normalised distance.",
+        ),
     ),
 )
 """This screen's text; its number comes from the module's name."""
@@ -403,92 +423,83 @@ raw logits spread so widely that softmax puts nearly all weight on one key (and 
 token's own copies); at 1 every weight stays within a factor ~10 of 1/600, on a linear axis."""
 
 
+CAUSAL_ENCODINGS = ("no positions", "RoPE")
+
+
 def _causal_chart(t: int) -> alt.TopLevelMixin:
-    """Weight against steps back: other keys as dots, the three copies as diamonds, and the
-    uniform weight 1/t."""
-    base = alt.Chart(charts.rows_source()).encode(
-        x=alt.X("back:Q", title="steps back from the last token", scale=alt.Scale(domain=[0, t])),
-        y=alt.Y("w:Q", title="attention weight of the last token"),
-        color=alt.Color(
-            "key:N", title=None, scale=charts.colors(["the same token", "other tokens"])
-        ),
-        tooltip=["back:Q", alt.Tooltip("w:Q", format=".4g"), "key:N"],
-    )
-    others = base.transform_filter("datum.key == 'other tokens'").mark_point(
-        aria=False, filled=True, size=14, opacity=0.6
-    )
-    same = base.transform_filter("datum.key == 'the same token'").mark_point(
-        aria=False, filled=True, size=160, shape="diamond"
+    """The three copies' weights as bars, side by side per encoding, and the uniform 1/t."""
+    bars = (
+        alt.Chart(charts.rows_source())
+        .mark_bar(aria=False)
+        .encode(
+            x=alt.X("back:O", title="steps back from the last token to its own token"),
+            xOffset=alt.XOffset("encoding:N", sort=list(CAUSAL_ENCODINGS)),
+            y=alt.Y("w:Q", title="attention weight of the last token"),
+            color=alt.Color(
+                "encoding:N", title=None, scale=charts.colors(CAUSAL_ENCODINGS), sort=None
+            ),
+            tooltip=["encoding:N", "back:O", alt.Tooltip("w:Q", format=".5g")],
+        )
     )
     uniform = alt.Chart(
-        charts.inline_data([{"w": charts.rounded(1 / t), "label": f"1/{t} (every key alike)"}])
+        charts.inline_data([{"w": charts.rounded(1 / t), "label": f"1/{t}: every key alike"}])
     ).encode(y="w:Q")
     rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
         tooltip=["label:N"]
     )
     label = uniform.mark_text(
         aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
-    ).encode(x=alt.datum(t), text="label:N")
-    return (rule + label + others + same).properties(width=charts.WIDE - 140, height=260)
+    ).encode(x=alt.value(charts.WIDE - 300), text="label:N")
+    return (bars + rule + label).properties(width=charts.WIDE - 300, height=240)
 
 
 @figure("fig-causal-same-token")
 def fig_causal_same_token(summary: dict[str, Any]) -> Figure:
-    """Causal attention weights of the last token over 599 earlier ones."""
+    """The causal attention weights the last token gives its own token 1, 99 and 599 steps
+    back, without positions and with RoPE."""
     q, k = measure.causal_same_token_qk()
     t = q.shape[0]
     # One factor for q and k alike: the same token still meets the same key, scaled.
     scale = math.sqrt(CAUSAL_LOGIT_STD / float((k[:-1] @ q[-1]).std()))
     q, k = q * scale, k * scale
     rotary = rope.RotaryEmbedding(q.shape[1])
-    back = {pos: t - 1 - pos for pos in measure.SAME_TOKEN_AT}
-
-    def draw(encoding: str) -> tuple[object, str]:
+    at = torch.arange(t)
+    weights = {}
+    for encoding in CAUSAL_ENCODINGS:
         qq, kk = q[None, None], k[None, None]
         if encoding == "RoPE":
-            qq, kk = rotary.rotate(qq, torch.arange(t)), rotary.rotate(kk, torch.arange(t))
+            qq, kk = rotary.rotate(qq, at), rotary.rotate(kk, at)
         probs = attention.attention_probs(qq, kk, causal=True)[0, 0, -1]
+        weights[encoding] = [float(probs[pos]) for pos in measure.SAME_TOKEN_AT]
+    backs = [t - 1 - pos for pos in measure.SAME_TOKEN_AT]
+
+    def draw() -> tuple[object, str]:
         rows = [
-            {
-                "back": t - 1 - j,
-                "w": charts.rounded(probs[j]),
-                "key": "the same token" if j in back else "other tokens",
-            }
-            for j in range(t - 1)
-            # Every key within 50 steps, then every fifth: the page stays small. The three
-            # copies are always drawn.
-            if j in back or t - 1 - j <= 50 or (t - 1 - j) % 5 == 0
+            {"encoding": e, "back": b, "w": charts.rounded(w, 6)}
+            for e, ws in weights.items()
+            for b, w in zip(backs, ws, strict=True)
         ]
-        chart = _causal_chart(t)
-        w = [float(probs[pos]) for pos in measure.SAME_TOKEN_AT]
-        spread = (max(w) - min(w)) / w[0]
-        equal = spread < EXACT
-        steps = ", ".join(str(back[pos]) for pos in measure.SAME_TOKEN_AT)
-        shown = ", ".join(f"{v:.3g}" for v in w)
-        return charts.spec(chart, rows), (
-            f"same weight at {steps} back: {'yes' if equal else 'no'} ({shown}; relative "
-            f"spread {spread:.1e}" + (", zero up to float64 rounding)" if equal else ")")
-        )
+        parts = []
+        for e, w in weights.items():
+            spread = (max(w) - min(w)) / w[0]
+            same = "the same" if spread < EXACT else "not the same"
+            parts.append(f"{e}: {same} ({', '.join(f'{v:.4g}' for v in w)}; spread {spread:.1e})")
+        return charts.spec(_causal_chart(t), rows), "weights 1, 99, 599 back: " + "; ".join(parts)
 
     return make_figure(
         "fig-causal-same-token",
         SCREEN,
         "A causal mask does not tell near from far",
         "The last of 600 random tokens attends causally to the 599 before it; its own token also "
-        "sits 1, 99 and 599 steps back (diamonds). Without positions those three get exactly the "
-        "same weight: the mask hides the future but gives no distance. With RoPE they differ. "
-        f"(q and k are scaled by one factor so the logits spread by {CAUSAL_LOGIT_STD}: the "
-        "weights stay near 1/600 instead of one key taking all. Other keys: all within 50 steps, "
-        "then every fifth.)",
-        "posemb.attention_probs(q, k, causal=True) on posemb.lesson.claims.causal_same_token_qk()",
-        "Scatter of attention weight against steps back on linear axes, the three copies of the "
-        "token as large diamonds; they sit at one height without positions and at three "
-        "heights with RoPE.",
+        "sits 1, 99 and 599 steps back. Without positions the three copies get exactly the same "
+        "weight: the mask hides the future but gives no distance. With RoPE they differ. (q and "
+        f"k are scaled by one factor so the logits spread by {CAUSAL_LOGIT_STD}: the weights stay "
+        "near 1/600 instead of one key taking all.)",
+        "posemb.attention_probs(q, k, causal=True) on posemb.lesson.measure.causal_same_token_qk()",
+        "Bars of the attention weight on the three copies of the last token, 1, 99 and 599 steps "
+        "back: equal without positions, three different heights with RoPE.",
         kind="vega",
         draw=draw,
-        controls=[
-            Control("fig-causal-encoding", "positions", "toggle", ("no positions", "RoPE"), 0)
-        ],
     )
 
 
@@ -614,6 +625,7 @@ def fig_trained_attention(summary: dict[str, Any]) -> Figure:
     )
 
 
+Y_TITLE = "held-out accuracy"
 ACCURACY_WIDTH = charts.WIDE - 120  # room on the right for the rules' labels
 
 
@@ -671,81 +683,6 @@ def _accuracy_rows(accuracies: dict[str, list[float]], bar: float) -> list[dict[
     return rows
 
 
-def _accuracy_chart(encodings: list[str], bar: float, *, measured: bool) -> alt.TopLevelMixin:
-    """Bars of mean accuracy, seed dots and their labels (when ``measured``), the chance line
-    and the pass bar."""
-    x = alt.X(
-        "encoding:N",
-        title=None,
-        sort=encodings,
-        scale=alt.Scale(domain=encodings),
-        axis=alt.Axis(labelAngle=0),
-    )
-    y_scale = alt.Scale(domain=[0, 1.08])
-    y = alt.Y("acc:Q", title="held-out accuracy", scale=y_scale)
-    base = alt.Chart().encode(x=x)  # the rows come once, with the layer
-    bars = (
-        base.transform_filter("datum.kind == 'mean'")
-        .mark_bar(aria=False, width={"band": 0.6})
-        .encode(
-            y=y,
-            color=alt.Color(
-                "above:N",
-                title="every seed above the pass bar",
-                scale=alt.Scale(
-                    domain=["yes", "no"], range=[charts.OKABE_ITO[0], charts.OKABE_ITO[7]]
-                ),
-                legend=alt.Legend(orient="top"),
-            ),
-            tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f"), "seeds:Q"],
-        )
-    )
-    labels = (
-        base.transform_filter("datum.kind == 'mean'")
-        .mark_text(aria=False, baseline="bottom", dy=-3, fontSize=12)
-        .encode(y="acc:Q", text="label:N")
-    )
-    seeds = (
-        base.transform_filter("datum.kind == 'seed'")
-        .mark_point(aria=False, shape="circle", filled=True, size=30, color=charts.OKABE_ITO[6])
-        .encode(y="acc:Q", tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f")])
-    )
-    refs = alt.Chart(
-        charts.inline_data(
-            [
-                {"y": dbm.CHANCE, "label": f"chance {dbm.CHANCE}"},
-                {"y": charts.rounded(bar), "label": f"pass bar {bar:.3f}"},
-            ]
-        )
-    ).encode(y=alt.Y("y:Q", title="held-out accuracy", scale=y_scale))
-    rules = refs.mark_rule(aria=False, strokeDash=[5, 3], color=charts.OKABE_ITO[1]).encode(
-        tooltip=["label:N"]
-    )
-    # Labelled beside the plot, where no bar covers them.
-    rule_labels = refs.mark_text(
-        aria=False,
-        align="left",
-        baseline="middle",
-        dx=6,
-        color=charts.OKABE_ITO[1],
-        fontSize=12,
-    ).encode(x=alt.value(ACCURACY_WIDTH), text="label:N")
-    layers = [rules, rule_labels]
-    if measured:
-        layers = [bars, seeds, labels, *layers]
-    else:
-        # The x axis still names every encoding, with nothing above it.
-        layers.append(base.mark_tick(aria=False, opacity=0).encode(y=alt.datum(0)))
-        layers.append(
-            alt.Chart(charts.inline_data([{"t": "not measured in this build"}]))
-            .mark_text(aria=False, fontSize=16, color=charts.OKABE_ITO[6])
-            .encode(x=alt.value(ACCURACY_WIDTH / 2), y=alt.value(30), text="t:N")
-        )
-    return alt.layer(*layers, data=charts.rows_source()).properties(
-        width=ACCURACY_WIDTH, height=260
-    )
-
-
 @figure("fig-trained-accuracy", reads_claims=True)
 def fig_trained_accuracy(
     summary: dict[str, Any], claim_rows: Sequence[dict[str, Any]] | None = None
@@ -760,7 +697,10 @@ def fig_trained_accuracy(
 
     def draw() -> tuple[object, str]:
         rows = _accuracy_rows(got[0], bar) if got else []
-        chart = _accuracy_chart(encodings, bar, measured=got is not None)
+        refs = [(dbm.CHANCE, f"chance {dbm.CHANCE}"), (bar, f"pass bar {bar:.3f}")]
+        chart = charts.seed_bars(
+            encodings, refs, width=ACCURACY_WIDTH, measured=got is not None, y_title=Y_TITLE
+        )
         if not got:
             # A chart with no rows still needs its x domain: the encodings, from posemb.
             rows = [{"encoding": e, "kind": "none"} for e in encodings]
@@ -789,4 +729,21 @@ def fig_trained_accuracy(
         "pass bar near 0.8; NoPE's bar stops at chance, the others reach about 1.",
         kind="vega",
         draw=draw,
+    )
+
+
+@exercise(
+    SCREEN,
+    "Without positions, does the word 'dog' get a different output in 'man bites dog' than in "
+    "'dog bites man'?",
+    call="posemb.lesson.measure.word_change(*measure.dog_bites_man_outputs()['none'])",
+    figure="fig-blender",
+    state="no positions",
+)
+def _dog_changes() -> str:
+    outs = measure.dog_bites_man_outputs()
+    none, sinusoidal = (measure.word_change(*outs[e]) for e in ("none", "sinusoidal"))
+    return (
+        f"No. Its output changes by {none:.1e}, float64 rounding: attention only reordered the "
+        f"rows. With sinusoidal positions added it changes by {sinusoidal:.3g}."
     )

@@ -18,7 +18,7 @@ from ...freqs import inv_freq
 from .. import charts, measure
 from ..charts import alt
 from ..measure import EXACT, F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -329,10 +329,18 @@ def fig_random_cosines(summary: dict[str, Any]) -> Figure:
         chart = _cosine_chart(rows, sigma, n)
         chart = chart.properties(width=charts.WIDE - 80, height=240)
         std = float(cos.std())
-        return charts.spec(chart, rows), (
+        readout = (
             f"d = {d}: std of the cosines {std:.4f}; 1/sqrt(d) = {sigma:.4f} (ratio "
             f"{std / sigma:.3f}); bins {width:.3g} wide"
         )
+        if d == 2:
+            # The normal curve is the large-d limit; say why the smallest d does not follow it.
+            readout += (
+                ". In 2 dimensions the cosine is cos(angle) of a uniform angle, so it piles up "
+                "near -1 and 1 (an arcsine shape, not a bell): N(0, 1/d) is only the limit as d "
+                "grows"
+            )
+        return charts.spec(chart, rows), readout
 
     return make_figure(
         "fig-random-cosines",
@@ -460,4 +468,20 @@ def fig_norms(summary: dict[str, Any]) -> Figure:
         "learned rows near 0.55.",
         kind="vega",
         draw=draw,
+    )
+
+
+@exercise(
+    SCREEN,
+    "Two random directions in 512 dimensions: is their cosine typically near 0.5, or near 0.04?",
+    call="posemb.lesson.screens.s02_absolute.random_cosines(512, 500).std()",
+    figure="fig-random-cosines",
+    state="512",
+)
+def _random_cosine_size() -> str:
+    std = float(random_cosines(512, 500).std())
+    return (
+        f"Near 0.04: over 500 random pairs the cosine's standard deviation is {std:.4f}, about "
+        f"1/sqrt(512) = {1 / math.sqrt(512):.4f}. A position vector added to a token vector is "
+        "nearly orthogonal to it, so the two barely interfere."
     )

@@ -8,18 +8,19 @@ Its text, its claims with their checks, and its figures: editing this screen is 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ... import absolute, scaling
+from ... import absolute, rope
 from ..._errors import InputError
 from ...lab.schema import Accuracy, LabSummary, Retrieval
 from ...lab.style import look
 from .. import charts, diagrams, measure
 from ..charts import alt
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..measure import F64
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -40,8 +41,8 @@ SCREEN = screen(
         "distance between the tokens, and RoPE adds no parameters at all.",
         "That does not make a RoPE model work at any length. Past the trained length the "
         "slow pairs reach angles training never showed; the loss curves below, from posemb's "
-        "own lab, show RoPE degrading there, and the context-extension scalings (position "
-        "interpolation, NTK, YaRN, Llama 3) exist to remap those angles.",
+        "own lab, show RoPE degrading there. Screen 7 shows how the context-extension "
+        "scalings remap those angles.",
     ),
     maths=(
         r"\tilde x_t = x_t + p_t \quad\text{(absolute)}\qquad "
@@ -51,6 +52,23 @@ SCREEN = screen(
     trap=(
         "Believing RoPE has learnable parameters. It is a fixed rotation of q and k; the "
         "parameter count of a model does not change when RoPE is switched on."
+    ),
+    terms=(
+        (
+            "nats/char",
+            "the lab's loss: the mean negative log-probability (natural log) a model gives the "
+            "next character. Lower is better; 0 would be certainty.",
+        ),
+        (
+            "unigram entropy",
+            "the loss of a model that ignores context and predicts each character by its "
+            "frequency alone: what a model that has lost all context scores.",
+        ),
+        (
+            "past the training length",
+            "positions beyond the window the model was trained on (64 tokens in the lab): "
+            "evaluating a 1,024-token window scores the positions past 64 separately.",
+        ),
     ),
 )
 """This screen's text; its number comes from the module's name."""
@@ -152,6 +170,89 @@ def _rope_no_parameters() -> Result:
     )
 
 
+RACE_MILES = 42  # the trained length: the jerseys printed, the table's rows
+RACES = {"a 5-mile race": 5, "the 42-mile race trained on": 42, "a 50-mile race": 50}
+"""Each race's last two runners are 3 miles apart: at miles (2, 5), (39, 42) and (47, 50)."""
+WATCH_TURN = 2 * math.pi / 12  # one hour on the watch per mile
+
+
+def _jersey(mile: int) -> str | None:
+    """The runner's jersey: the learned table's row for this mile, or None where the table of
+    :data:`RACE_MILES` rows refuses it (posemb's own lookup)."""
+    table = absolute.LearnedEmbedding(RACE_MILES, 2)
+    try:
+        table(torch.zeros(1, 1, 2), torch.tensor([mile - 1]))
+    except InputError:
+        return None
+    return f"#{mile}"
+
+
+def _watch(mile: int) -> float:
+    """The angle of the runner's watch hand: RoPE's rotation of one pair by mile x the turn."""
+    hand = rope.rotation_matrix(mile, torch.tensor([WATCH_TURN], dtype=F64)) @ torch.tensor(
+        [1.0, 0.0], dtype=F64
+    )
+    return diagrams.angle(hand)
+
+
+def _race_svg(race: str, miles: tuple[int, int]) -> tuple[str, str, float]:
+    body = [
+        '<text x="10" y="24" font-weight="bold">jerseys: a number added to each runner</text>',
+        '<text x="380" y="24" font-weight="bold">watches: each hand turned by the mile</text>',
+    ]
+    shirts = []
+    for j, mile in enumerate(miles):
+        x, shirt = 60 + 150 * j, _jersey(mile)
+        shirts.append(shirt or f"mile {mile}: no shirt")
+        colour = charts.OKABE_ITO[j]
+        body.append(
+            f'<rect x="{x - 45}" y="50" width="90" height="110" rx="18" fill="none" '
+            f'stroke="{colour}" stroke-width="3" stroke-dasharray="{"" if shirt else "6 4"}"/>'
+            f'<text x="{x}" y="112" text-anchor="middle" font-size="22">{shirt or "?"}</text>'
+            f'<text x="{x}" y="185" text-anchor="middle">mile {mile}</text>'
+        )
+        cx = 440 + 150 * j
+        body.append(diagrams.dial_face(cx, 105, 55, ticks=12))
+        # A watch counts clockwise from 12: the same rotation, drawn as a watch shows it.
+        body.append(diagrams.hand(cx, 105, 50, math.pi / 2 - _watch(mile), colour))
+        body.append(f'<text x="{cx}" y="185" text-anchor="middle">mile {mile}</text>')
+    apart = math.degrees((_watch(miles[1]) - _watch(miles[0])) % (2 * math.pi))
+    hours = apart / 30
+    body.append(
+        f'<text x="380" y="215">hands {apart:.1f}° apart: {hours:.0f} hours on the watch</text>'
+    )
+    title = f"Jerseys against watches in {race}"
+    return diagrams.svg(700, 230, title, "".join(body)), "; ".join(shirts), hours
+
+
+@figure("fig-jersey-vs-watch")
+def fig_jersey_vs_watch(summary: dict[str, Any]) -> Figure:
+    """The source lesson's two pictures side by side: a number added to each runner (an
+    absolute table) against a watch hand turned by the distance run (RoPE)."""
+
+    def draw(race: str) -> tuple[object, str]:
+        last = RACES[race]
+        svg, shirts, hours = _race_svg(race, (last - 3, last))
+        return svg, f"jerseys: {shirts}; watches: {hours:.0f} hours apart"
+
+    return make_figure(
+        "fig-jersey-vs-watch",
+        SCREEN,
+        "Race numbers on jerseys, or a watch on every runner",
+        f"The last two runners of a race, 3 miles apart. A jersey is a number added to the "
+        f"runner: a learned table of {RACE_MILES} rows prints {RACE_MILES} of them, and a runner "
+        "past mile 42 gets none (posemb's table refuses the lookup). A watch turns its hand one "
+        "hour per mile, as RoPE turns a pair by its position: two runners' hands are 3 hours "
+        "apart in any race, because only the angle between them is read.",
+        f"posemb.LearnedEmbedding({RACE_MILES}, 2)(x, positions); posemb.rotation_matrix(m, w)",
+        "Two runners with jersey numbers on the left, their watches on the right; in the 50-mile "
+        "race the jerseys are blank while the watches still show 3 hours between the hands.",
+        kind="svg",
+        draw=draw,
+        controls=[Control("fig-jersey-race", "race", "toggle", tuple(RACES), 0)],
+    )
+
+
 TABLE_ROWS = 32
 
 
@@ -223,143 +324,80 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
     )
 
 
-FACTORS = ("1", "2", "4", "8", "16", "32")
+@figure("fig-learned-gradients")
+def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
+    """Gradient norm of each learned row after a step on 16-token windows."""
+    window = 16
+    norms = measure.learned_row_gradient_norms(window)
 
-
-SCALING_DIM, SCALING_BASE, SCALING_LEN = 128, 500000.0, 8192  # Llama 3.1's head and schedule
-
-
-SCALING_METHODS = ("default", "PI (linear)", "NTK", "YaRN", "Llama 3")
-
-
-SCALING_DASHES = ([1, 0], [10, 4], [2, 3], [1, 0], [6, 3, 1, 3])
-
-
-SCALING_WIDTHS = (2, 2, 2.5, 5, 2)  # YaRN wide and under the others: Llama 3 runs along it
-
-
-SCALING_MIDDLE_PAIR = 32  # the middle pair: where YaRN's and Llama 3's ramps disagree
-
-
-CHANGED = 1e-9  # relative change of a wavelength that counts as "changed" (float64 rounding)
-
-
-def _schedules(s: float) -> dict[str, tuple[torch.Tensor, float]]:
-    """(inverse frequencies, attention factor) of each schedule at factor ``s``."""
-    methods: dict[str, scaling.RopeScaling] = {
-        "default": scaling.Default(),
-        "PI (linear)": scaling.Linear(s),
-        "NTK": scaling.NTK(s),
-        "YaRN": scaling.Yarn(s, SCALING_LEN),
-        "Llama 3": scaling.Llama3(s, 1.0, 4.0, SCALING_LEN),
-    }
-    return {n: m.compute(SCALING_DIM, SCALING_BASE) for n, m in methods.items()}
-
-
-def _scaling_chart(rows: Sequence[Mapping[str, object]]) -> alt.TopLevelMixin:
-    """Wavelength lines per schedule on a log axis, and the trained length."""
-    top = max(float(str(r["wavelength"])) for r in rows)
-    decades = [10**e for e in range(0, math.ceil(math.log10(top)) + 1)]
-    lines = (
-        alt.Chart(charts.rows_source())
-        .mark_line(aria=False)
-        .encode(
-            x=alt.X("pair:Q", title="pair i (0 turns fastest)"),
-            y=alt.Y(
-                "wavelength:Q",
-                title="wavelength (tokens per turn)",
-                scale=alt.Scale(type="log"),
-                axis=alt.Axis(values=decades, format="~s"),
-            ),
-            color=alt.Color(
-                "method:N",
-                title="schedule",
-                scale=charts.colors(SCALING_METHODS),
-                sort=list(SCALING_METHODS),
-            ),
-            strokeDash=alt.StrokeDash(
-                "method:N",
-                title="schedule",
-                scale=alt.Scale(domain=list(SCALING_METHODS), range=list(SCALING_DASHES)),
-                sort=list(SCALING_METHODS),
-            ),
-            strokeWidth=alt.StrokeWidth("w:Q", scale=None, legend=None),
-            tooltip=[
-                "method:N",
-                "pair:Q",
-                alt.Tooltip("wavelength:Q", format=",.1f"),
-                alt.Tooltip("ratio:Q", title="new / default", format=".3f"),
-            ],
-        )
-    )
-    trained = alt.Chart(
-        charts.inline_data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN:,} tokens"}])
-    ).encode(y="y:Q")
-    rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
-        tooltip=["label:N"]
-    )
-    label = trained.mark_text(
-        aria=False, align="left", baseline="bottom", dx=4, dy=-3, color="gray", fontSize=12
-    ).encode(x=alt.datum(0), text="label:N")
-    return (
-        (lines + rule + label)
-        .properties(width=charts.WIDE - 140, height=300)
-        .configure_axis(grid=True, gridOpacity=0.5)
-    )
-
-
-@figure("fig-scaling")
-def fig_scaling(summary: dict[str, Any]) -> Figure:
-    """How PI, NTK, YaRN and Llama 3 remap each pair's wavelength at a factor s."""
-
-    def draw(factor: str) -> tuple[object, str]:
-        got = _schedules(float(factor))
-        default = got["default"][0]
+    def draw() -> tuple[object, str]:
+        kinds = ["within the training window", "past it"]
         rows = [
-            {
-                "pair": i,
-                "method": name,
-                "wavelength": charts.rounded(2 * math.pi / float(inv[i])),
-                "ratio": charts.rounded(float(default[i] / inv[i])),
-                "w": SCALING_WIDTHS[SCALING_METHODS.index(name)],
-            }
-            # YaRN first: its wide line is drawn under Llama 3's, which runs along it.
-            for name, (inv, _) in sorted(got.items(), key=lambda kv: kv[0] != "YaRN")
-            for i in range(inv.shape[0])
+            {"row": i, "grad": charts.rounded(v), "where": kinds[i >= window]}
+            for i, v in enumerate(norms.tolist())
         ]
-        chart = _scaling_chart(rows)
-        last = SCALING_DIM // 2 - 1
-        changed = ", ".join(
-            f"{name} {int(((inv - default).abs() > CHANGED * default).sum())}"
-            for name, (inv, _) in got.items()
-            if name != "default"
+        x = alt.X(
+            "row:O",
+            title="row of W_pos",
+            axis=alt.Axis(values=list(range(0, len(norms), 8)), labelAngle=0),
         )
-        mid = ", ".join(
-            f"{name} {2 * math.pi / float(inv[SCALING_MIDDLE_PAIR]):,.0f}"
-            for name, (inv, _) in got.items()
+        tip = ["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"]
+        bars = (
+            alt.Chart()
+            .transform_filter("datum.grad > 0")
+            .mark_bar(aria=False, color=charts.OKABE_ITO[0])
+            .encode(x=x, y=alt.Y("grad:Q", title="gradient norm"), tooltip=tip)
         )
-        yarn_factor = got["YaRN"][1]
+        # A zero bar has no height: rows without gradient get a marker on the axis.
+        zeros = (
+            alt.Chart()
+            .transform_filter("datum.grad == 0")
+            .mark_point(
+                aria=False, shape="diamond", filled=True, size=40, color=charts.OKABE_ITO[1]
+            )
+            .encode(x=x, y="grad:Q", tooltip=tip)
+        )
+        top = charts.rounded(float(norms.max()))
+        past = [i for i, v in enumerate(norms.tolist()) if i >= window and v == 0]
+        notes = (
+            alt.Chart(
+                charts.inline_data(
+                    [
+                        {
+                            "row": past[len(past) // 2] if past else window,
+                            "y": charts.rounded(top * 0.12),
+                            "label": f"rows {window}-{len(norms) - 1}: exactly 0"
+                            if len(past) == len(norms) - window
+                            else f"{len(past)} rows past the window: exactly 0",
+                        }
+                    ]
+                )
+            )
+            .mark_text(aria=False, fontSize=13, color=charts.OKABE_ITO[1])
+            .encode(x=alt.X("row:O"), y="y:Q", text="label:N")
+        )
+        chart = alt.layer(bars, zeros, notes, data=charts.rows_source()).properties(
+            width=charts.WIDE - 100, height=220
+        )
+        late = float(norms[window:].max())
         return charts.spec(chart, rows), (
-            f"s = {factor}: pairs changed (of {last + 1}): {changed}; pair "
-            f"{SCALING_MIDDLE_PAIR}'s wavelength: {mid}; YaRN attention factor {yarn_factor:.4f}"
+            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.3g}; "
+            f"largest of rows {window}-{len(norms) - 1}: "
+            + ("exactly 0" if late == 0 else f"{late:.3g}")
         )
 
     return make_figure(
-        "fig-scaling",
+        "fig-learned-gradients",
         SCREEN,
-        "Stretching RoPE's clocks for longer contexts",
-        f"Wavelength of each of the {SCALING_DIM // 2} pairs of a head_dim {SCALING_DIM}, base "
-        f"{SCALING_BASE:,.0f} RoPE (Llama 3.1's) after each scaling with factor s, trained "
-        f"length {SCALING_LEN} (dashed grey). PI stretches every pair by s; NTK leaves the "
-        "fastest pair and stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many "
-        "times within the trained length and stretch only the slow ones (the readout counts the "
-        "pairs each method changes).",
-        f"posemb.scaling.Yarn(s, {SCALING_LEN}).compute({SCALING_DIM}, {SCALING_BASE})",
-        "Lines of wavelength (log scale) against pair index for the default schedule and four "
-        "scalings, each with its own colour and dash pattern; they fan out as the factor grows.",
+        "Rows past the training length never learn",
+        f"One training step of the lab's LM with a 64-row learned table on {window}-token "
+        "windows: every row a window covers gets a gradient, every row past it exactly zero. "
+        "Those rows stay at their random initialisation.",
+        f"posemb.lesson.claims.learned_row_gradient_norms({window})",
+        "Bars of gradient norm for rows 0-15 and diamonds at zero, labelled exactly 0, for "
+        "rows 16-63.",
         kind="vega",
         draw=draw,
-        controls=[Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
     )
 
 
@@ -653,3 +691,20 @@ def fig_lab_retrieval(summary: dict[str, Any]) -> Figure:
         draw=draw,
         controls=[Control("fig-lab-retrieval-by", "accuracy by", "toggle", RETRIEVAL_VIEWS, 0)],
     )
+
+
+@exercise(
+    SCREEN,
+    f"A learned table has {TABLE_ROWS} rows, positions 0-{TABLE_ROWS - 1}. What does position "
+    f"{TABLE_ROWS} get?",
+    call=f"posemb.LearnedEmbedding({TABLE_ROWS}, 8)(x, torch.tensor([{TABLE_ROWS}]))",
+    figure="fig-learned-no-row",
+    state=str(TABLE_ROWS),
+)
+def _past_the_last_row() -> str:
+    table = absolute.LearnedEmbedding(TABLE_ROWS, 8)
+    try:
+        table(torch.zeros(1, 1, 8), torch.tensor([TABLE_ROWS]))
+    except InputError as err:
+        return f"Nothing: there is no row to add, and posemb refuses the lookup: {err}"
+    return "A row: this table did not refuse the position."

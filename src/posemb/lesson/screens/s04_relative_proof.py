@@ -17,7 +17,7 @@ from ...freqs import cos_sin, inv_freq
 from ...rope import apply_rope
 from .. import charts, diagrams, measure
 from ..measure import EXACT, F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -40,6 +40,9 @@ SCREEN = screen(
         r"\end{pmatrix},\qquad R_m^\top R_m = I",
         r"R_m^\top R_n = R_{n-m}\ \Rightarrow\ \langle R_m q, R_n k\rangle = "
         r"q^\top R_{n-m}k = g(q, k, n-m)",
+    ),
+    links=(
+        ("fig-lab-loss", "what this kept norm does not buy past the training length (screen 3)"),
     ),
     trap=(
         "Mixing RoPE up with sinusoidal embeddings. Sinusoids are added to the token; RoPE "
@@ -82,6 +85,7 @@ def _rope_relative() -> Result:
 
 
 MN = tuple(str(i) for i in range(7))
+DIAL_SCALE = 2  # the lesson's dials, drawn large enough to read the hands
 
 
 @figure("fig-dials-mn")
@@ -114,11 +118,10 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
             f'<text x="250" y="110" fill="{charts.OKABE_ITO[2]}">'
             f"angle between {between:.1f}°</text>",
             f'<text x="250" y="130">logit = {logit:.4f}</text>',
-            f'<text x="250" y="160" font-size="10">q = k = {diagrams.vec(q)}</text>',
+            f'<text x="250" y="160">q = k = {diagrams.vec(q)}</text>',
         ]
-        svg = diagrams.svg(
-            430, 240, f"Dial with the query turned to m = {m} and the key to n = {n}", "".join(body)
-        )
+        title = f"Dial with the query turned to m = {m} and the key to n = {n}"
+        svg = diagrams.svg(430, 240, title, "".join(body), scale=DIAL_SCALE)
         return svg, f"m = {m}, n = {n}, m - n = {m - n}: <R_m q, R_n k> = {logit:.6f}"
 
     return make_figure(
@@ -136,4 +139,24 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
             Control("fig-dials-m", "query position m", "slider", MN, 3),
             Control("fig-dials-n", "key position n", "slider", MN, 1),
         ],
+    )
+
+
+@exercise(
+    SCREEN,
+    "A query at m = 6 and a key at n = 4, each turned theta = pi/4 per step: what angle lies "
+    "between the two hands?",
+    call="posemb.rotation_matrix(6, theta) @ q, posemb.rotation_matrix(4, theta) @ q",
+    figure="fig-dials-mn",
+    state="6|4",
+)
+def _angle_between() -> str:
+    q = torch.tensor([1.0, 0.0], dtype=F64)
+    theta = torch.tensor([measure.TOY_THETA], dtype=F64)
+    a = diagrams.angle(rope.rotation_matrix(6, theta) @ q)
+    b = diagrams.angle(rope.rotation_matrix(4, theta) @ q)
+    between = math.degrees((a - b) % (2 * math.pi))
+    return (
+        f"{between:.1f}°: (m - n) theta = 2 x 45°. Only the difference counts: m = 3, n = 1 "
+        "gives the same angle, and the same logit."
     )

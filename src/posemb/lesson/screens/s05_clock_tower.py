@@ -16,7 +16,7 @@ from ...freqs import inv_freq
 from ...rope import RotaryEmbedding, rotation_matrix
 from .. import charts, diagrams, measure
 from ..measure import EXACT, F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -104,6 +104,64 @@ def _rope_norm() -> Result:
     return Result(err < EXACT, f"max relative | ||R_m x|| - ||x|| | = {err:.1e}", err)
 
 
+HEAD_DIMS = ("64", "128")
+
+
+DIAL_POSITIONS = ("1", "2", "3", "10", "100", "1000", "10000")
+
+
+@figure("fig-pair-dials")
+def fig_pair_dials(summary: dict[str, Any]) -> Figure:
+    """One dial per rotated pair of a head, each turned to position m."""
+
+    def draw(head_dim: str, position: str) -> tuple[object, str]:
+        hd, m = int(head_dim), int(position)
+        a = freqs.angles(m, freqs.inv_freq(hd, dtype=F64))  # (hd/2,) in [0, 2 pi)
+        per_row, r, gap = 8, 26, 66  # dials large enough to read each hand
+        body = []
+        for i, ang in enumerate(a.tolist()):
+            cx, cy = 34 + (i % per_row) * gap, 34 + (i // per_row) * gap
+            body.append(
+                f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="none" stroke="currentColor" '
+                f'stroke-opacity="0.5"/>'
+            )
+            body.append(diagrams.hand(cx, cy, r - 3, ang, charts.OKABE_ITO[0], width=2.5))
+        rows = -(-len(a) // per_row)
+        body.append(
+            f'<text x="4" y="{rows * gap + 30}">pair 0 top left, pair '
+            f"{len(a) - 1} bottom right; m = {m}</text>"
+        )
+        svg = diagrams.svg(
+            per_row * gap + 8,
+            rows * gap + 40,
+            f"{len(a)} dials, the pairs of a head of {hd} channels, at position {m}",
+            "".join(body),
+        )
+        return svg, (
+            f"{len(a)} pairs (head_dim {hd}); at m = {m}: pair 0 at "
+            f"{math.degrees(float(a[0])):.1f}°, pair {len(a) - 1} at "
+            f"{math.degrees(float(a[-1])):.4f}°"
+        )
+
+    return make_figure(
+        "fig-pair-dials",
+        SCREEN,
+        "The clock tower has head_dim/2 dials, not 384",
+        "Every rotated pair of one attention head as a dial at position m. RoPE turns each head "
+        "separately, so a head has head_dim/2 pairs: 32 for GPT-2-sized heads (768 / 12 = 64 "
+        "channels), 64 for Llama's 128. The lesson's 384 pairs is d_model/2 for d_model = 768, "
+        "the count for a sinusoidal table, not for RoPE.",
+        "posemb.angles(m, posemb.inv_freq(head_dim))",
+        "A grid of small dials; the first turn visibly with position, the last barely move.",
+        kind="svg",
+        draw=draw,
+        controls=[
+            Control("fig-pair-dials-head-dim", "head_dim", "toggle", HEAD_DIMS, 0),
+            Control("fig-pair-dials-position", "position m", "slider", DIAL_POSITIONS, 2),
+        ],
+    )
+
+
 TRACE_STEPS = (
     "1 start: q = k = [1, 0]",
     "2 turn q to m = 3",
@@ -157,7 +215,8 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
             f'<text x="250" y="{40 + 22 * j}" fill="{c}">{escape(t)}</text>'
             for j, (c, t) in enumerate(lines)
         )
-        return diagrams.svg(470, 240, f"Toy trace, step {step}", "".join(body)), readout
+        title = f"Toy trace, step {step}"
+        return diagrams.svg(470, 240, title, "".join(body), scale=2), readout
 
     return make_figure(
         "fig-toy-trace",
@@ -173,59 +232,18 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
     )
 
 
-HEAD_DIMS = ("64", "128")
-
-
-DIAL_POSITIONS = ("1", "2", "3", "10", "100", "1000", "10000")
-
-
-@figure("fig-pair-dials")
-def fig_pair_dials(summary: dict[str, Any]) -> Figure:
-    """One dial per rotated pair of a head, each turned to position m."""
-
-    def draw(head_dim: str, position: str) -> tuple[object, str]:
-        hd, m = int(head_dim), int(position)
-        a = freqs.angles(m, freqs.inv_freq(hd, dtype=F64))  # (hd/2,) in [0, 2 pi)
-        per_row, r, gap = 16, 13, 34
-        body = []
-        for i, ang in enumerate(a.tolist()):
-            cx, cy = 20 + (i % per_row) * gap, 20 + (i // per_row) * gap
-            body.append(
-                f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="none" stroke="currentColor" '
-                f'stroke-opacity="0.5"/>'
-            )
-            body.append(diagrams.hand(cx, cy, r - 2, ang, charts.OKABE_ITO[0], width=1.5))
-        rows = -(-len(a) // per_row)
-        body.append(
-            f'<text x="4" y="{rows * gap + 22}" font-size="11">pair 0 top left, pair '
-            f"{len(a) - 1} bottom right; m = {m}</text>"
-        )
-        svg = diagrams.svg(
-            per_row * gap + 8,
-            rows * gap + 30,
-            f"{len(a)} dials, the pairs of a head of {hd} channels, at position {m}",
-            "".join(body),
-        )
-        return svg, (
-            f"{len(a)} pairs (head_dim {hd}); at m = {m}: pair 0 at "
-            f"{math.degrees(float(a[0])):.1f}°, pair {len(a) - 1} at "
-            f"{math.degrees(float(a[-1])):.4f}°"
-        )
-
-    return make_figure(
-        "fig-pair-dials",
-        SCREEN,
-        "The clock tower has head_dim/2 dials, not 384",
-        "Every rotated pair of one attention head as a dial at position m. RoPE turns each head "
-        "separately, so a head has head_dim/2 pairs: 32 for GPT-2-sized heads (768 / 12 = 64 "
-        "channels), 64 for Llama's 128. The lesson's 384 pairs is d_model/2 for d_model = 768, "
-        "the count for a sinusoidal table, not for RoPE.",
-        "posemb.angles(m, posemb.inv_freq(head_dim))",
-        "A grid of small dials; the first turn visibly with position, the last barely move.",
-        kind="svg",
-        draw=draw,
-        controls=[
-            Control("fig-pair-dials-head-dim", "head_dim", "toggle", HEAD_DIMS, 0),
-            Control("fig-pair-dials-position", "position m", "slider", DIAL_POSITIONS, 2),
-        ],
+@exercise(
+    SCREEN,
+    "How many pairs does one attention head of Llama 3.1 8B turn (hidden size 4,096, 32 "
+    "heads): 2,048, 384 or 64?",
+    call="posemb.inv_freq(4096 // 32).shape[0]",
+    figure="fig-pair-dials",
+    state="128|3",
+)
+def _pairs_per_head() -> str:
+    pairs = int(freqs.inv_freq(4096 // 32).shape[0])
+    return (
+        f"{pairs}: RoPE turns the pairs of one head, head_dim / 2 = 128 / 2. The 2,048 pairs of "
+        "the model width belong to nothing in RoPE, and the lesson's 384 are d_model / 2 of a "
+        "768-wide model's sinusoidal table."
     )

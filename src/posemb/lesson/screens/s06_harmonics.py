@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from xml.sax.saxutils import escape
 
 import torch
 
 from ... import absolute, freqs
 from ...absolute import sinusoidal_table
 from ...freqs import cos_sin, inv_freq, wavelengths
-from .. import charts, measure
+from .. import charts, diagrams, measure
 from ..charts import alt
 from ..measure import F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -106,6 +107,98 @@ def _float32_angles() -> Result:
         f"cos error at position 2^20, d=128: float32 product {naive_err:.1e}, "
         f"posemb {ours_err:.1e}",
         {"float32_product": naive_err, "posemb": ours_err},
+    )
+
+
+SHIFT_D = 16  # a small table: its pairs turn at visibly different speeds
+SHIFT_P = 3  # the position p the shift starts from
+SHIFT_PAIRS = ("0", "2", "5")
+SHIFT_KS = ("1", "2", "3", "5")
+SHIFT_VIEWS = ("shift the position vector", "rotate q and k instead")
+
+
+def _pair_angle(table: torch.Tensor, row: int, pair: int) -> float:
+    """The angle of one (sin, cos) pair of a sinusoidal table row, read from its values:
+    the point (cos wp, sin wp) on the unit circle."""
+    return math.atan2(float(table[row, 2 * pair]), float(table[row, 2 * pair + 1]))
+
+
+def _shift_svg(pair: int, k: int, omega: float, angles: tuple[float, float], view: str) -> str:
+    cx, cy, r = 150, 150, 110
+    a0, a1 = angles
+    turn = a1 if a1 >= a0 else a1 + 2 * math.pi
+    arc = diagrams.arc(cx, cy, 45, a0, turn, charts.OKABE_ITO[2])
+    if view == SHIFT_VIEWS[0]:
+        hands = [
+            diagrams.hand(cx, cy, r, a0, charts.OKABE_ITO[0]),
+            diagrams.hand(cx, cy, r, a1, charts.OKABE_ITO[1]),
+        ]
+        lines = [
+            (charts.OKABE_ITO[0], f"PE(p) at p = {SHIFT_P}: angle p·ω"),
+            (charts.OKABE_ITO[1], f"PE(p + k) at p + k = {SHIFT_P + k}"),
+            (charts.OKABE_ITO[2], f"the shift: a turn by k·ω = {k * omega:.4f} rad"),
+            ("currentColor", "the same turn at every p: PE(p + k) = R(kω) PE(p)"),
+        ]
+    else:
+        hands = [
+            diagrams.hand(cx, cy, r, a1, charts.OKABE_ITO[0]),
+            diagrams.hand(cx, cy, r * 0.75, a0, charts.OKABE_ITO[1]),
+        ]
+        lines = [
+            (charts.OKABE_ITO[0], f"q turned to m = {SHIFT_P + k}: R_m q"),
+            (charts.OKABE_ITO[1], f"k turned to n = {SHIFT_P}: R_n k"),
+            (charts.OKABE_ITO[2], f"between them: (m - n)·ω = {k * omega:.4f} rad"),
+            ("currentColor", "RoPE: the same rotation, on q and k (screen 4's dials)"),
+        ]
+    text = "".join(
+        f'<text x="290" y="{60 + 26 * j}" fill="{c}">{escape(t)}</text>'
+        for j, (c, t) in enumerate(lines)
+    )
+    title = f"Pair {pair}, shift k = {k}: {view}"
+    head = f'<text x="290" y="30" font-weight="bold">pair {pair}: ω = {omega:.4g} rad/step</text>'
+    body = diagrams.dial_face(cx, cy, r) + arc + "".join(hands) + head + text
+    return diagrams.svg(700, 300, title, body)
+
+
+@figure("fig-shift-is-rotation")
+def fig_shift_is_rotation(summary: dict[str, Any]) -> Figure:
+    """The bridge from sinusoids to RoPE: shifting a position by k turns each (sin, cos) pair
+    by k·ω; RoPE does that turn to q and k instead of adding it to x."""
+    omega = freqs.inv_freq(SHIFT_D, dtype=F64)
+    table = absolute.sinusoidal_table(SHIFT_P + int(SHIFT_KS[-1]) + 1, SHIFT_D, dtype=F64)
+
+    def draw(pair_s: str, k_s: str, view: str) -> tuple[object, str]:
+        pair, k = int(pair_s), int(k_s)
+        w = float(omega[pair])
+        a0, a1 = _pair_angle(table, SHIFT_P, pair), _pair_angle(table, SHIFT_P + k, pair)
+        moved = (a1 - a0) % (2 * math.pi)
+        err = abs(moved - (k * w) % (2 * math.pi))
+        readout = (
+            f"pair {pair}: from p = {SHIFT_P} to p + k = {SHIFT_P + k} the point turned "
+            f"{moved:.4f} rad; k·ω = {k * w:.4f} rad (difference {err:.1e})"
+        )
+        return _shift_svg(pair, k, w, (a0, a1), view), readout
+
+    return make_figure(
+        "fig-shift-is-rotation",
+        SCREEN,
+        "A shift of position is a rotation of each pair",
+        f"One (sin, cos) pair of the d = {SHIFT_D} sinusoidal table as a point on a circle, at "
+        f"p = {SHIFT_P} and at p + k. Moving k positions along turns the point by k·ω, whatever "
+        "p is: that is the linear map M_k of screen 2, pair by pair. Fast pairs turn far, slow "
+        "ones hardly at all. The second view is RoPE's step: instead of adding the point to x, "
+        "turn q by its position and k by its own, and the angle between them is the same "
+        "(m - n)·ω, as on screen 4's dials.",
+        f"posemb.sinusoidal_table(positions, {SHIFT_D}); posemb.inv_freq({SHIFT_D})",
+        "A dial with two hands, the pair at p and at p + k, and the arc of k·omega between them; "
+        "in the second view the hands are q and k rotated by RoPE.",
+        kind="svg",
+        draw=draw,
+        controls=[
+            Control("fig-shift-pair", "pair", "toggle", SHIFT_PAIRS, 0),
+            Control("fig-shift-k", "shift k", "slider", SHIFT_KS, 1),
+            Control("fig-shift-view", "view", "toggle", SHIFT_VIEWS, 0),
+        ],
     )
 
 
@@ -311,4 +404,20 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
         "Two lines of error against position (log-log): one rising to 1e-2, one flat near 1e-7.",
         kind="vega",
         draw=draw,
+    )
+
+
+@exercise(
+    SCREEN,
+    "Pair 0 of the sinusoidal table, the fastest: does it repeat every 2 positions, or every "
+    "2·pi = 6.28?",
+    call="posemb.wavelengths(768)[0]",
+    figure="fig-waves",
+    state="0-128",
+)
+def _fastest_period() -> str:
+    lam = float(wavelengths(768)[0])
+    return (
+        f"Every {lam:.4f} positions: its frequency is 1 radian per step, so a full turn takes "
+        '2·pi steps, not 2 (the source lesson\'s "one full spin every 2 steps" is off by pi).'
     )

@@ -8,16 +8,18 @@ Its text, its claims with their checks, and its figures: editing this screen is 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ... import absolute, rope
+from ... import absolute, rope, scaling
 from ...freqs import inv_freq
 from ...rope import RotaryEmbedding
-from .. import charts, measure
+from .. import charts, diagrams, measure
+from ..charts import alt
 from ..measure import F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -42,6 +44,9 @@ SCREEN = screen(
     trap=(
         "Applying RoPE to the token embeddings at the input. It is applied to q and k inside "
         "every attention layer, right before their product."
+    ),
+    links=(
+        ("fig-lab-loss", "what a RoPE model does past its training length, measured on screen 3"),
     ),
 )
 """This screen's text; its number comes from the module's name."""
@@ -126,6 +131,32 @@ def _rope_signed_offset() -> Result:
     )
 
 
+DECAY_PAIRS = 4096
+DECAY_CURVES = ("random q and k (RMS)", "q = k (mean)", "RoFormer's bound")
+
+
+def decay_curves(distances: Sequence[int]) -> dict[str, dict[int, float]]:
+    """The RoPE logit against the distance r between query and key (d = 128): its RMS over
+    4,096 random (q, k) pairs, its mean when q = k, and RoFormer's upper bound
+    (Su et al. 2021, section 3.4.3), by :data:`DECAY_CURVES` name, each ``{r: value}``."""
+    g = measure.gen(13)
+    d, n = 128, DECAY_PAIRS
+    rope = RotaryEmbedding(d)
+    q = torch.randn(1, 1, n, d, generator=g, dtype=F64)
+    k = torch.randn(1, 1, n, d, generator=g, dtype=F64)
+    rq = rope.rotate(q, torch.zeros(n, dtype=torch.int64))
+    theta = inv_freq(d, dtype=F64)
+    rms, same, bound = {}, {}, {}
+    for r in distances:
+        rk = rope.rotate(k, torch.full((n,), r))
+        rms[r] = float((rq * rk).sum(-1).pow(2).mean().sqrt())
+        same[r] = float((rq * rope.rotate(q, torch.full((n,), r))).sum(-1).mean())
+        # (1/(d/2)) sum_j |S_j|, S_j = sum_{i<j} e^{i r theta_i}.
+        s = torch.cumsum(torch.polar(torch.ones_like(theta), r * theta), 0)
+        bound[r] = float(s.abs().mean())
+    return dict(zip(DECAY_CURVES, (rms, same, bound), strict=True))
+
+
 @claim(
     "rope.no_decay_for_random_vectors",
     SCREEN,
@@ -135,24 +166,12 @@ def _rope_signed_offset() -> Result:
     verdict="n/a",
 )
 def _rope_no_decay() -> Result:
-    g = measure.gen(13)
-    d, n = 128, 4096
-    rope = RotaryEmbedding(d)
-    q = torch.randn(1, 1, n, d, generator=g, dtype=F64)
-    k = torch.randn(1, 1, n, d, generator=g, dtype=F64)
-    rq = rope.rotate(q, torch.zeros(n, dtype=torch.int64))
-    theta = inv_freq(d, dtype=F64)
-    rms, bound = {}, {}
-    for r in (0, 1, 10, 100, 1000, 10_000):
-        rk = rope.rotate(k, torch.full((n,), r))
-        rms[r] = float((rq * rk).sum(-1).pow(2).mean().sqrt())
-        # Su et al. 2021, section 3.4.3: (1/(d/2)) sum_j |S_j|, S_j = sum_{i<j} e^{i r theta_i}.
-        s = torch.cumsum(torch.polar(torch.ones_like(theta), r * theta), 0)
-        bound[r] = float(s.abs().mean())
+    curves = decay_curves((0, 1, 10, 100, 1000, 10_000))
+    rms, bound = curves[DECAY_CURVES[0]], curves[DECAY_CURVES[2]]
     spread = max(rms.values()) / min(rms.values()) - 1
     fall = bound[0] / bound[10_000]
     # An RMS over n samples has a relative standard error of about 1 / sqrt(2n) (1.1% here).
-    noise = 1 / math.sqrt(2 * n)
+    noise = 1 / math.sqrt(2 * DECAY_PAIRS)
     return Result(
         spread < 5 * noise and fall > 5,
         "RMS logit of 4,096 random pairs (d=128) at distance 0..10,000: "
@@ -215,4 +234,335 @@ def fig_logit_mn(summary: dict[str, Any]) -> Figure:
         kind="vega",
         draw=draw,
         controls=[Control("fig-logit-mn-encoding", "positions", "toggle", LOGIT_ENCODINGS, 0)],
+    )
+
+
+WHERE_MODES = ("RoPE", "absolute (sinusoidal or learned)")
+
+
+def _box(x: float, y: float, w: float, h: float, text: str, *, on: bool = False) -> str:
+    """A labelled box of the network diagram; ``on`` marks where position enters."""
+    colour = charts.OKABE_ITO[1] if on else "currentColor"
+    width = 3 if on else 1.2
+    return (
+        f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="none" '
+        f'stroke="{colour}" stroke-width="{width}"/>'
+        f'<text x="{x + w / 2}" y="{y + h / 2 + 5}" text-anchor="middle">{text}</text>'
+    )
+
+
+def _arrow(x0: float, y0: float, x1: float, y1: float) -> str:
+    return (
+        f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" stroke="currentColor" '
+        f'stroke-width="1.5" marker-end="url(#where-arrow)"/>'
+    )
+
+
+def _shift_change(mode: str) -> float:
+    """How much one logit moves when both positions shift by 5 (d = 16, seeded): zero up to
+    rounding for RoPE, not for an absolute encoding added to x."""
+    g = measure.gen(31)
+    x = torch.randn(2, 16, generator=g, dtype=F64)
+    wq, wk = torch.randn(2, 16, 16, generator=g, dtype=F64)
+    m, n, shift = 9, 4, 5
+    if mode == WHERE_MODES[0]:
+        rot = RotaryEmbedding(16)
+        q, k = (x[0] @ wq)[None, None, None], (x[1] @ wk)[None, None, None]
+
+        def logit(a: int, b: int) -> float:
+            qa = rot.rotate(q, torch.tensor([a]))
+            kb = rot.rotate(k, torch.tensor([b]))
+            return float((qa * kb).sum())
+    else:
+        table = absolute.sinusoidal_table(m + shift + 1, 16, dtype=F64)
+
+        def logit(a: int, b: int) -> float:
+            return float(((x[0] + table[a]) @ wq) @ ((x[1] + table[b]) @ wk))
+
+    return abs(logit(m + shift, n + shift) - logit(m, n))
+
+
+@figure("fig-where-rope-acts")
+def fig_where_rope_acts(summary: dict[str, Any]) -> Figure:
+    """Where position enters the network: on q and k in every layer (RoPE), or once, added to
+    the token embedding (absolute)."""
+
+    def draw(mode: str) -> tuple[object, str]:
+        rotary = mode == WHERE_MODES[0]
+        body = [
+            '<defs><marker id="where-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
+            'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
+            '<path d="M0,0 L10,5 L0,10 z" fill="currentColor"/></marker></defs>',
+            _box(10, 120, 90, 40, "token ids"),
+            _arrow(100, 140, 130, 140),
+            _box(130, 120, 110, 40, "embedding"),
+            _box(130, 200, 110, 40, "+ position p", on=not rotary),
+            _arrow(185, 200, 185, 160) if not rotary else "",
+            _arrow(240, 140, 270, 140),
+            '<rect x="270" y="20" width="470" height="240" rx="10" fill="none" '
+            'stroke="currentColor" stroke-dasharray="6 4"/>',
+            '<text x="280" y="40" font-weight="bold">every attention layer</text>',
+            _box(290, 60, 70, 36, "W_Q"),
+            _box(290, 122, 70, 36, "W_K"),
+            _box(290, 184, 70, 36, "W_V"),
+            _arrow(360, 78, 390, 78),
+            _arrow(360, 140, 390, 140),
+            _arrow(360, 202, 530, 202),
+            _box(390, 60, 90, 36, "R_m q" if rotary else "q", on=rotary),
+            _box(390, 122, 90, 36, "R_n k" if rotary else "k", on=rotary),
+            _arrow(480, 78, 520, 110),
+            _arrow(480, 140, 520, 120),
+            _box(520, 96, 100, 36, "softmax(q·k)"),
+            _box(530, 184, 90, 36, "v untouched"),
+            _arrow(620, 114, 650, 150),
+            _arrow(620, 202, 650, 170),
+            _box(650, 140, 80, 36, "weights·v"),
+        ]
+        svg = diagrams.svg(750, 280, f"Where position enters the network: {mode}", "".join(body))
+        change = _shift_change(mode)
+        if rotary:
+            said = f"shift both positions by 5: the logit moves {change:.1e} (float64 rounding)"
+        else:
+            said = f"shift both positions by 5: the logit moves {change:.3g}"
+        return svg, said
+
+    return make_figure(
+        "fig-where-rope-acts",
+        SCREEN,
+        "Where RoPE acts: on q and k, in every layer",
+        "An absolute encoding adds a position vector to each token once, before the first layer; "
+        "every later product carries it along with the token. RoPE adds nothing to the tokens: in "
+        "every attention layer it turns q by its position m and k by its position n just before "
+        "their product, and leaves v alone, so what a value carries is never rotated. The "
+        "readout shifts both positions by 5 and measures one logit before and after.",
+        "posemb.RotaryEmbedding(16).rotate(q, positions); posemb.sinusoidal_table(n, 16)",
+        "A diagram from token ids to the attention output; the highlighted boxes are where "
+        "position enters: the position vector added to the embedding, or the rotations R_m q "
+        "and R_n k inside every attention layer.",
+        kind="svg",
+        draw=draw,
+        controls=[Control("fig-where-rope-acts-mode", "positions", "toggle", WHERE_MODES, 0)],
+    )
+
+
+DECAY_DISTANCES = (0, *sorted({round(10 ** (i / 6)) for i in range(25)}))
+"""0, then about six distances a decade from 1 to 10,000."""
+
+
+@figure("fig-rope-decay")
+def fig_rope_decay(summary: dict[str, Any]) -> Figure:
+    """The RoPE logit against distance, for random q and k, for q = k, and RoFormer's bound,
+    each relative to distance 0: what the decay claim measures."""
+    curves = decay_curves(DECAY_DISTANCES)
+
+    def draw() -> tuple[object, str]:
+        rows = [
+            {"curve": name, "distance": r, "value": charts.rounded(v / c[0])}
+            for name, c in curves.items()
+            for r, v in c.items()
+            if r > 0
+        ]
+        chart = (
+            alt.Chart(charts.rows_source())
+            .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=25))
+            .encode(
+                x=alt.X(
+                    "distance:Q",
+                    title="distance between query and key (tokens)",
+                    scale=alt.Scale(type="log"),
+                ),
+                y=alt.Y("value:Q", title="relative to distance 0"),
+                color=alt.Color(
+                    "curve:N", title=None, scale=charts.colors(DECAY_CURVES), sort=None
+                ),
+                tooltip=["curve:N", "distance:Q", alt.Tooltip("value:Q", format=".3f")],
+            )
+            .properties(width=charts.WIDE - 200, height=260)
+        )
+        far = DECAY_DISTANCES[-1]
+        shown = "; ".join(f"{n} {c[far] / c[0]:.3f}" for n, c in curves.items())
+        return charts.spec(chart, rows), f"at distance {far:,}, relative to 0: {shown}"
+
+    return make_figure(
+        "fig-rope-decay",
+        SCREEN,
+        "Does the RoPE logit decay with distance?",
+        "The logit of a query and a key r tokens apart, relative to r = 0 (d = 128, 4,096 random "
+        "pairs). For random q and k its typical size (RMS) stays flat at every distance. When "
+        "q = k the logit does fall, as the pairs turn out of step. RoFormer's long-term decay is "
+        "an upper bound that falls with r, which is not what random vectors do.",
+        "posemb.lesson.screens.s07_carousel.decay_curves(distances)",
+        "Three lines on a log distance axis: the random-pair RMS flat near 1, the q = k mean "
+        "falling towards 0, and RoFormer's bound falling more than fivefold.",
+        kind="vega",
+        draw=draw,
+    )
+
+
+FACTORS = ("1", "2", "4", "8", "16", "32")
+
+
+SCALING_DIM, SCALING_BASE, SCALING_LEN = 128, 500000.0, 8192  # Llama 3.1's head and schedule
+
+
+SCALING_METHODS = ("default", "PI (linear)", "NTK", "YaRN", "Llama 3")
+
+
+SCALING_DASHES = ([1, 0], [10, 4], [2, 3], [1, 0], [6, 3, 1, 3])
+
+
+SCALING_WIDTHS = (2, 2, 2.5, 5, 2)  # YaRN wide and under the others: Llama 3 runs along it
+
+
+SCALING_MIDDLE_PAIR = 32  # the middle pair: where YaRN's and Llama 3's ramps disagree
+
+
+CHANGED = 1e-9  # relative change of a wavelength that counts as "changed" (float64 rounding)
+
+
+def _schedules(s: float) -> dict[str, tuple[torch.Tensor, float]]:
+    """(inverse frequencies, attention factor) of each schedule at factor ``s``."""
+    methods: dict[str, scaling.RopeScaling] = {
+        "default": scaling.Default(),
+        "PI (linear)": scaling.Linear(s),
+        "NTK": scaling.NTK(s),
+        "YaRN": scaling.Yarn(s, SCALING_LEN),
+        "Llama 3": scaling.Llama3(s, 1.0, 4.0, SCALING_LEN),
+    }
+    return {n: m.compute(SCALING_DIM, SCALING_BASE) for n, m in methods.items()}
+
+
+def _scaling_chart(rows: Sequence[Mapping[str, object]]) -> alt.TopLevelMixin:
+    """Wavelength lines per schedule on a log axis, and the trained length."""
+    top = max(float(str(r["wavelength"])) for r in rows)
+    decades = [10**e for e in range(0, math.ceil(math.log10(top)) + 1)]
+    lines = (
+        alt.Chart(charts.rows_source())
+        .mark_line(aria=False)
+        .encode(
+            x=alt.X("pair:Q", title="pair i (0 turns fastest)"),
+            y=alt.Y(
+                "wavelength:Q",
+                title="wavelength (tokens per turn)",
+                scale=alt.Scale(type="log"),
+                axis=alt.Axis(values=decades, format="~s"),
+            ),
+            color=alt.Color(
+                "method:N",
+                title="schedule",
+                scale=charts.colors(SCALING_METHODS),
+                sort=list(SCALING_METHODS),
+            ),
+            strokeDash=alt.StrokeDash(
+                "method:N",
+                title="schedule",
+                scale=alt.Scale(domain=list(SCALING_METHODS), range=list(SCALING_DASHES)),
+                sort=list(SCALING_METHODS),
+            ),
+            strokeWidth=alt.StrokeWidth("w:Q", scale=None, legend=None),
+            tooltip=[
+                "method:N",
+                "pair:Q",
+                alt.Tooltip("wavelength:Q", format=",.1f"),
+                alt.Tooltip("ratio:Q", title="new / default", format=".3f"),
+            ],
+        )
+    )
+    trained = alt.Chart(
+        charts.inline_data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN:,} tokens"}])
+    ).encode(y="y:Q")
+    rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+        tooltip=["label:N"]
+    )
+    label = trained.mark_text(
+        aria=False, align="left", baseline="bottom", dx=4, dy=-3, color="gray", fontSize=12
+    ).encode(x=alt.datum(0), text="label:N")
+    return (
+        (lines + rule + label)
+        .properties(width=charts.WIDE - 140, height=300)
+        .configure_axis(grid=True, gridOpacity=0.5)
+    )
+
+
+@figure("fig-scaling")
+def fig_scaling(summary: dict[str, Any]) -> Figure:
+    """How PI, NTK, YaRN and Llama 3 remap each pair's wavelength at a factor s."""
+
+    def draw(factor: str) -> tuple[object, str]:
+        got = _schedules(float(factor))
+        default = got["default"][0]
+        rows = [
+            {
+                "pair": i,
+                "method": name,
+                "wavelength": charts.rounded(2 * math.pi / float(inv[i])),
+                "ratio": charts.rounded(float(default[i] / inv[i])),
+                "w": SCALING_WIDTHS[SCALING_METHODS.index(name)],
+            }
+            # YaRN first: its wide line is drawn under Llama 3's, which runs along it.
+            for name, (inv, _) in sorted(got.items(), key=lambda kv: kv[0] != "YaRN")
+            for i in range(inv.shape[0])
+        ]
+        chart = _scaling_chart(rows)
+        last = SCALING_DIM // 2 - 1
+        changed = ", ".join(
+            f"{name} {int(((inv - default).abs() > CHANGED * default).sum())}"
+            for name, (inv, _) in got.items()
+            if name != "default"
+        )
+        mid = ", ".join(
+            f"{name} {2 * math.pi / float(inv[SCALING_MIDDLE_PAIR]):,.0f}"
+            for name, (inv, _) in got.items()
+        )
+        yarn_factor = got["YaRN"][1]
+        return charts.spec(chart, rows), (
+            f"s = {factor}: pairs changed (of {last + 1}): {changed}; pair "
+            f"{SCALING_MIDDLE_PAIR}'s wavelength: {mid}; YaRN attention factor {yarn_factor:.4f}"
+        )
+
+    return make_figure(
+        "fig-scaling",
+        SCREEN,
+        "Stretching RoPE's clocks for longer contexts",
+        f"Wavelength of each of the {SCALING_DIM // 2} pairs of a head_dim {SCALING_DIM}, base "
+        f"{SCALING_BASE:,.0f} RoPE (Llama 3.1's) after each scaling with factor s, trained "
+        f"length {SCALING_LEN} (dashed grey). PI stretches every pair by s; NTK leaves the "
+        "fastest pair and stretches the slowest by s; YaRN and Llama 3 keep pairs that turn many "
+        "times within the trained length and stretch only the slow ones (the readout counts the "
+        "pairs each method changes).",
+        f"posemb.scaling.Yarn(s, {SCALING_LEN}).compute({SCALING_DIM}, {SCALING_BASE})",
+        "Lines of wavelength (log scale) against pair index for the default schedule and four "
+        "scalings, each with its own colour and dash pattern; they fan out as the factor grows.",
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-scaling-factor", "scaling factor s", "slider", FACTORS, 3)],
+    )
+
+
+@exercise(
+    SCREEN,
+    "Stretching a 8,192-token RoPE by s = 8: which scalings leave pair 0, the fastest, exactly "
+    "as it was?",
+    call="posemb.scaling.Yarn(8, 8192).compute(128, 500000.0) (and Linear, NTK, Llama3)",
+    figure="fig-scaling",
+    state="8",
+)
+def _which_keep_pair_0() -> str:
+    got = _schedules(8.0)
+    default = got["default"][0]
+    kept = [
+        name
+        for name, (inv, _) in got.items()
+        if name != "default" and abs(float(inv[0] - default[0])) <= CHANGED * float(default[0])
+    ]
+    moved = [name for name in got if name not in kept and name != "default"]
+
+    def listed(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+    verb = "changes" if len(moved) == 1 else "change"
+    return (
+        f"{listed(kept)} keep it; {listed(moved)} {verb} it. A pair that turns many "
+        "times within the trained length has seen every angle already, so the ramp-based "
+        "scalings leave it alone and stretch only the slow pairs."
     )

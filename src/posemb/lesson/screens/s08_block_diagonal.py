@@ -18,7 +18,7 @@ from ...rope import Layout, apply_rope, rope_complex, rotation_matrix
 from .. import charts, measure
 from ..charts import alt
 from ..measure import EXACT, F64
-from ..registry import Control, Figure, Result, claim, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -46,6 +46,19 @@ SCREEN = screen(
         r"R_m = \operatorname{diag}\big(R_m^{(0)}, \dots, R_m^{(d/2-1)}\big),\quad "
         r"\lVert R_m x\rVert = \lVert x\rVert",
         r"\text{elementwise: } x\odot\cos(m\theta) + \operatorname{rot}(x)\odot\sin(m\theta)",
+    ),
+    terms=(
+        (
+            "interleaved (INTERLEAVED)",
+            "pairs neighbouring channels (0, 1), (2, 3), ...: RoFormer's paper, GPT-J, Meta's "
+            "Llama code. posemb.Layout.INTERLEAVED.",
+        ),
+        (
+            "rotate_half (HALF)",
+            "pairs channel j with j + head_dim/2: GPT-NeoX and Hugging Face's Llama. The same "
+            "rotation on reordered channels; a checkpoint must be read with the pairing it was "
+            "trained with. posemb.Layout.HALF.",
+        ),
     ),
     trap=(
         "Thinking RoPE spins the whole vector in one d-dimensional rotation. It is d/2 "
@@ -206,66 +219,6 @@ def _layouts_differ() -> Result:
     )
 
 
-FORM_POSITIONS = ("0", "3", "250", "65537", "1048576")
-
-
-FORMS = ("elementwise (apply_rope)", "Givens matrix (rotation_matrix)", "complex (rope_complex)")
-
-
-@figure("fig-three-forms")
-def fig_three_forms(summary: dict[str, Any]) -> Figure:
-    """The elementwise, matrix and complex forms of RoPE on one vector."""
-    d = 8
-    x = torch.randn(1, 1, 1, d, generator=torch.Generator().manual_seed(43), dtype=F64)
-    theta = freqs.inv_freq(d, dtype=F64)
-
-    def draw(position: str) -> tuple[object, str]:
-        m = int(position)
-        cos, sin = freqs.cos_sin(torch.tensor([m]), theta, dtype=F64)
-        outs = {
-            FORMS[0]: rope.apply_rope(x, cos, sin)[0, 0, 0],
-            FORMS[1]: rope.rotation_matrix(m, theta) @ x[0, 0, 0],
-            FORMS[2]: rope.rope_complex(x, torch.tensor([m]), theta)[0, 0, 0],
-        }
-        rows = [
-            {"channel": c, "value": charts.rounded(v, 6), "form": name}
-            for name, t in outs.items()
-            for c, v in enumerate(t.tolist())
-        ]
-        chart = (
-            alt.Chart(charts.rows_source())
-            .mark_point(aria=False, filled=True, size=70)
-            .encode(
-                x=alt.X("channel:O", title="channel"),
-                xOffset=alt.XOffset("form:N", sort=list(FORMS)),
-                y=alt.Y("value:Q", title="R_m x"),
-                color=alt.Color("form:N", title=None, scale=charts.colors(list(FORMS))),
-                shape=alt.Shape("form:N", legend=None, sort=list(FORMS)),
-                tooltip=["form:N", "channel:O", alt.Tooltip("value:Q", format=".6f")],
-            )
-            .properties(width=charts.WIDE - 140, height=220)
-        )
-        err = max(float((outs[FORMS[0]] - t).abs().max()) for t in outs.values())
-        return charts.spec(chart, rows), (
-            f"m = {m}: max difference between the three forms = {charts.zero_error(err)}"
-        )
-
-    return make_figure(
-        "fig-three-forms",
-        SCREEN,
-        "Three ways to write one rotation",
-        "One vector (d = 8) rotated to position m three ways: elementwise cos/sin as kernels do "
-        "it, the block-diagonal Givens matrix of the paper, and multiplication by e^(i m theta) "
-        "in the complex plane. The three agree to float64 rounding.",
-        "posemb.apply_rope(x, cos, sin); posemb.rotation_matrix(m, theta); "
-        "posemb.rope_complex(x, [m], theta)",
-        "Three markers per channel at the same height: the forms agree.",
-        kind="vega",
-        draw=draw,
-        controls=[Control("fig-three-forms-position", "position m", "slider", FORM_POSITIONS, 2)],
-    )
-
-
 LAYOUTS = ("rotate_half (HALF)", "interleaved (INTERLEAVED)")
 
 
@@ -349,21 +302,91 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
     )
 
 
+FORM_POSITIONS = ("0", "3", "250", "65537", "1048576")
+
+
+FORMS = ("elementwise (apply_rope)", "Givens matrix (rotation_matrix)", "complex (rope_complex)")
+
+
+@figure("fig-three-forms")
+def fig_three_forms(summary: dict[str, Any]) -> Figure:
+    """The elementwise, matrix and complex forms of RoPE on one vector."""
+    d = 8
+    x = torch.randn(1, 1, 1, d, generator=torch.Generator().manual_seed(43), dtype=F64)
+    theta = freqs.inv_freq(d, dtype=F64)
+
+    def draw(position: str) -> tuple[object, str]:
+        m = int(position)
+        cos, sin = freqs.cos_sin(torch.tensor([m]), theta, dtype=F64)
+        outs = {
+            FORMS[0]: rope.apply_rope(x, cos, sin)[0, 0, 0],
+            FORMS[1]: rope.rotation_matrix(m, theta) @ x[0, 0, 0],
+            FORMS[2]: rope.rope_complex(x, torch.tensor([m]), theta)[0, 0, 0],
+        }
+        rows = [
+            {"channel": c, "value": charts.rounded(v, 6), "form": name}
+            for name, t in outs.items()
+            for c, v in enumerate(t.tolist())
+        ]
+        chart = (
+            alt.Chart(charts.rows_source())
+            .mark_point(aria=False, filled=True, size=70)
+            .encode(
+                x=alt.X("channel:O", title="channel"),
+                xOffset=alt.XOffset("form:N", sort=list(FORMS)),
+                y=alt.Y("value:Q", title="R_m x"),
+                color=alt.Color("form:N", title=None, scale=charts.colors(list(FORMS))),
+                shape=alt.Shape("form:N", legend=None, sort=list(FORMS)),
+                tooltip=["form:N", "channel:O", alt.Tooltip("value:Q", format=".6f")],
+            )
+            .properties(width=charts.WIDE - 140, height=220)
+        )
+        err = max(float((outs[FORMS[0]] - t).abs().max()) for t in outs.values())
+        return charts.spec(chart, rows), (
+            f"m = {m}: max difference between the three forms = {charts.zero_error(err)}"
+        )
+
+    return make_figure(
+        "fig-three-forms",
+        SCREEN,
+        "Three ways to write one rotation",
+        "One vector (d = 8) rotated to position m three ways: elementwise cos/sin as kernels do "
+        "it, the block-diagonal Givens matrix of the paper, and multiplication by e^(i m theta) "
+        "in the complex plane. The three agree to float64 rounding.",
+        "posemb.apply_rope(x, cos, sin); posemb.rotation_matrix(m, theta); "
+        "posemb.rope_complex(x, [m], theta)",
+        "Three markers per channel at the same height: the forms agree.",
+        kind="vega",
+        draw=draw,
+        controls=[Control("fig-three-forms-position", "position m", "slider", FORM_POSITIONS, 2)],
+    )
+
+
 LESSON_PERIODS = {"lesson: 'every 2 steps'": 2.0, "lesson: 'every 10,000 steps'": 10000.0}
+
+
+PERIOD_TABLES = {
+    "a RoPE head, head_dim 64 (32 pairs)": 64,
+    "a RoPE head, head_dim 128 (64 pairs)": 128,
+    "the sinusoidal table, d = 768 (384 pairs)": 768,
+}
+"""What the periods are of: one RoPE head (head_dim / 2 pairs, screen 5), or the lesson's
+sinusoidal table over the whole model width."""
 
 
 @figure("fig-periods")
 def fig_periods(summary: dict[str, Any]) -> Figure:
-    """The period of every pair at d = 768 against the lesson's "2" and "10,000"."""
-    d = 768
-    lam = freqs.wavelengths(d)
+    """The period of every pair of a RoPE head or of the d = 768 table, against the lesson's
+    "2" and "10,000"."""
 
-    def draw() -> tuple[object, str]:
+    def draw(of: str) -> tuple[object, str]:
+        d = PERIOD_TABLES[of]
+        lam = freqs.wavelengths(d)
         rows = [{"pair": i, "period": charts.rounded(v)} for i, v in enumerate(lam.tolist())]
         # Points, not bars: a bar needs a baseline, and a log axis has no zero.
-        bars = (
+        points = (
             alt.Chart(charts.rows_source())
-            .mark_point(aria=False, filled=True, size=10)
+            .mark_point(aria=False, filled=True, size=30 if d < 768 else 10)
             .encode(
                 x=alt.X("pair:Q", title="pair i", scale=alt.Scale(domain=[0, d // 2])),
                 y=alt.Y("period:Q", title="period (steps per turn)", scale=alt.Scale(type="log")),
@@ -379,20 +402,39 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         labels = refs.mark_text(
             aria=False, align="left", dx=4, dy=-6, color=charts.OKABE_ITO[1]
         ).encode(text="label:N", x=alt.datum(0))
-        chart = (bars + rules + labels).properties(width=charts.WIDE - 140, height=240)
+        chart = (points + rules + labels).properties(width=charts.WIDE - 140, height=240)
         return charts.spec(chart, rows), (
-            f"fastest pair: {float(lam[0]):.6f} steps per turn; slowest: {float(lam[-1]):,.1f}"
+            f"{len(lam)} pairs; fastest: {float(lam[0]):.6f} steps per turn; slowest: "
+            f"{float(lam[-1]):,.1f}"
         )
 
     return make_figure(
         "fig-periods",
         SCREEN,
         "How fast the couples spin",
-        "Steps per full turn for each of the 384 pairs at d = 768. The fastest turns once per "
-        "2 pi = 6.28 steps, not every 2; the slowest once per 61,342.7 steps, not 10,000: the "
-        "dashed lines are the lesson's numbers.",
-        "posemb.wavelengths(768)",
-        "384 points rising on a log scale from 6.28 to 61,343, with dashed lines at 2 and 10,000.",
+        "Steps per full turn of each pair (base 10,000), for one RoPE head (head_dim / 2 pairs, "
+        "as screen 5 counts them) or for the lesson's sinusoidal table over d = 768. The "
+        "fastest pair turns once per 2 pi = 6.28 steps, not every 2; the slowest of the d = 768 "
+        "table once per 61,342.7 steps, not 10,000: the dashed lines are the lesson's numbers.",
+        "posemb.wavelengths(head_dim)",
+        "Points rising on a log scale from 6.28 to the slowest pair's period, with dashed lines "
+        "at 2 and 10,000.",
         kind="vega",
         draw=draw,
+        controls=[Control("fig-periods-of", "pairs of", "toggle", tuple(PERIOD_TABLES), 1)],
+    )
+
+
+@exercise(
+    SCREEN,
+    "After 2 steps, how far has the fastest pair turned: a full turn, or less?",
+    call="posemb.angles(2, posemb.inv_freq(128))[0]",
+    figure="fig-periods",
+    state="a RoPE head, head_dim 128 (64 pairs)",
+)
+def _two_steps() -> str:
+    turned = math.degrees(float(freqs.angles(2, freqs.inv_freq(128, dtype=F64))[0]))
+    return (
+        f"{turned:.1f}°, under a third of a turn: the fastest pair turns 1 radian per step, so "
+        "a full turn takes 2·pi = 6.28 steps."
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import charts, measure
 from ..charts import alt
-from ..registry import Figure, Result, claim, figure, make_figure, screen
+from ..registry import Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -32,6 +32,12 @@ SCREEN = screen(
     maths=(
         r"X_{\text{in}} = X_{\text{tok}} + W_{\text{pos}},\quad "
         r"W_{\text{pos}}\in\mathbb{R}^{T\times d}",
+    ),
+    links=(
+        (
+            "fig-learned-gradients",
+            "why a learned table's rows past its training length stay untrained (screen 3)",
+        ),
     ),
     trap=(
         "Assuming the sinusoidal encoding extrapolates because it is defined everywhere. "
@@ -142,78 +148,18 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
     )
 
 
-@figure("fig-learned-gradients")
-def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
-    """Gradient norm of each learned row after a step on 16-token windows."""
-    window = 16
-    norms = measure.learned_row_gradient_norms(window)
-
-    def draw() -> tuple[object, str]:
-        kinds = ["within the training window", "past it"]
-        rows = [
-            {"row": i, "grad": charts.rounded(v), "where": kinds[i >= window]}
-            for i, v in enumerate(norms.tolist())
-        ]
-        x = alt.X(
-            "row:O",
-            title="row of W_pos",
-            axis=alt.Axis(values=list(range(0, len(norms), 8)), labelAngle=0),
-        )
-        tip = ["row:O", alt.Tooltip("grad:Q", format=".3e"), "where:N"]
-        bars = (
-            alt.Chart()
-            .transform_filter("datum.grad > 0")
-            .mark_bar(aria=False, color=charts.OKABE_ITO[0])
-            .encode(x=x, y=alt.Y("grad:Q", title="gradient norm"), tooltip=tip)
-        )
-        # A zero bar has no height: rows without gradient get a marker on the axis.
-        zeros = (
-            alt.Chart()
-            .transform_filter("datum.grad == 0")
-            .mark_point(
-                aria=False, shape="diamond", filled=True, size=40, color=charts.OKABE_ITO[1]
-            )
-            .encode(x=x, y="grad:Q", tooltip=tip)
-        )
-        top = charts.rounded(float(norms.max()))
-        past = [i for i, v in enumerate(norms.tolist()) if i >= window and v == 0]
-        notes = (
-            alt.Chart(
-                charts.inline_data(
-                    [
-                        {
-                            "row": past[len(past) // 2] if past else window,
-                            "y": charts.rounded(top * 0.12),
-                            "label": f"rows {window}-{len(norms) - 1}: exactly 0"
-                            if len(past) == len(norms) - window
-                            else f"{len(past)} rows past the window: exactly 0",
-                        }
-                    ]
-                )
-            )
-            .mark_text(aria=False, fontSize=13, color=charts.OKABE_ITO[1])
-            .encode(x=alt.X("row:O"), y="y:Q", text="label:N")
-        )
-        chart = alt.layer(bars, zeros, notes, data=charts.rows_source()).properties(
-            width=charts.WIDE - 100, height=220
-        )
-        late = float(norms[window:].max())
-        return charts.spec(chart, rows), (
-            f"smallest gradient norm of rows 0-{window - 1}: {float(norms[:window].min()):.3g}; "
-            f"largest of rows {window}-{len(norms) - 1}: "
-            + ("exactly 0" if late == 0 else f"{late:.3g}")
-        )
-
-    return make_figure(
-        "fig-learned-gradients",
-        SCREEN,
-        "Rows past the training length never learn",
-        f"One training step of the lab's LM with a 64-row learned table on {window}-token "
-        "windows: every row a window covers gets a gradient, every row past it exactly zero. "
-        "Those rows stay at their random initialisation.",
-        f"posemb.lesson.claims.learned_row_gradient_norms({window})",
-        "Bars of gradient norm for rows 0-15 and diamonds at zero, labelled exactly 0, for "
-        "rows 16-63.",
-        kind="vega",
-        draw=draw,
+@exercise(
+    SCREEN,
+    "How many parameters does a learned position table add to the lab's LM (1,024 positions, "
+    "width 128), and how many does a sinusoidal one add?",
+    call="posemb.lesson.measure.param_counts()",
+    figure="fig-param-counts",
+    state="",
+)
+def _table_parameters() -> str:
+    counts = measure.param_counts()
+    learned, sinusoidal = counts["learned"] - counts["nope"], counts["sinusoidal"] - counts["nope"]
+    return (
+        f"The learned table adds {learned:,} (1,024 x 128), the sinusoidal one {sinusoidal:,}: "
+        "it is computed, not learned. RoPE adds none either."
     )
