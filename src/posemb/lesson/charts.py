@@ -254,7 +254,7 @@ def seed_bars(
         dx=6,
         color=OKABE_ITO[1],
         fontSize=12,
-    ).encode(x=alt.value(width), text="label:N")
+    ).encode(x=alt.value({"expr": "width"}), text="label:N")
     layers = [rules, rule_labels]
     if measured:
         layers = [bars, seeds, labels, *layers]
@@ -264,6 +264,6 @@ def seed_bars(
         layers.append(
             alt.Chart(inline_data([{"t": "not measured in this build"}]))
             .mark_text(aria=False, fontSize=16, color=OKABE_ITO[6])
-            .encode(x=alt.value(width / 2), y=alt.value(30), text="t:N")
+            .encode(x=alt.value({"expr": "width / 2"}), y=alt.value(30), text="t:N")
         )
     return alt.layer(*layers, data=rows_source()).properties(width=width, height=260)

@@ -432,7 +432,11 @@ def _causal_chart(t: int) -> alt.TopLevelMixin:
         alt.Chart(charts.rows_source())
         .mark_bar(aria=False)
         .encode(
-            x=alt.X("back:O", title="steps back from the last token to its own token"),
+            x=alt.X(
+                "back:O",
+                title="steps back from the last token to its own token",
+                axis=alt.Axis(labelAngle=0),
+            ),
             xOffset=alt.XOffset("encoding:N", sort=list(CAUSAL_ENCODINGS)),
             y=alt.Y("w:Q", title="attention weight of the last token"),
             color=alt.Color(
@@ -449,7 +453,7 @@ def _causal_chart(t: int) -> alt.TopLevelMixin:
     )
     label = uniform.mark_text(
         aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
-    ).encode(x=alt.value(charts.WIDE - 300), text="label:N")
+    ).encode(x=alt.value({"expr": "width"}), text="label:N")
     return (bars + rule + label).properties(width=charts.WIDE - 300, height=240)
 
 

@@ -130,7 +130,8 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
         "Turn both hands by the same amount: the logit stays",
         "One 2D vector (random, fixed) as query at position m and as key at position n, turned "
         "by theta = pi/4 per step. Moving m and n together turns both hands alike; the angle "
-        "between them, and so the logit q^T R_(n-m) k, stays the same.",
+        "between them, and so the logit q^T R_(n-m) k, stays the same. (The key's hand is drawn "
+        "shorter only so that both show; rotation keeps their lengths equal.)",
         "posemb.rotation_matrix(m, torch.tensor([math.pi / 4])) @ q",
         "A dial with two hands, query and key; the logit shown depends only on m - n.",
         kind="svg",

@@ -223,7 +223,8 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
         SCREEN,
         "The lesson's toy trace, one step at a time",
         "theta = pi/4, q = k = [1, 0]: the query turns to 135° at m = 3, the key to 45° at n = 1; "
-        "90° apart, their dot product is 0 (to float64 rounding).",
+        "90° apart, their dot product is 0 (to float64 rounding). The key's hand is drawn shorter "
+        "only so that both show.",
         "posemb.rotation_matrix(3, torch.tensor([math.pi / 4])) @ q",
         "A dial on which the query and key hands turn step by step to 135 and 45 degrees.",
         kind="svg",

@@ -296,9 +296,11 @@ def fig_where_rope_acts(summary: dict[str, Any]) -> Figure:
             _box(10, 120, 90, 40, "token ids"),
             _arrow(100, 140, 130, 140),
             _box(130, 120, 110, 40, "embedding"),
-            _box(130, 200, 110, 40, "+ position p", on=not rotary),
+            _box(130, 200, 110, 40, "+ position p", on=True) if not rotary else "",
             _arrow(185, 200, 185, 160) if not rotary else "",
-            _arrow(240, 140, 270, 140),
+            _arrow(240, 140, 290, 78),
+            _arrow(240, 140, 290, 140),
+            _arrow(240, 140, 290, 202),
             '<rect x="270" y="20" width="470" height="240" rx="10" fill="none" '
             'stroke="currentColor" stroke-dasharray="6 4"/>',
             '<text x="280" y="40" font-weight="bold">every attention layer</text>',
@@ -390,7 +392,8 @@ def fig_rope_decay(summary: dict[str, Any]) -> Figure:
         "The logit of a query and a key r tokens apart, relative to r = 0 (d = 128, 4,096 random "
         "pairs). For random q and k its typical size (RMS) stays flat at every distance. When "
         "q = k the logit does fall, as the pairs turn out of step. RoFormer's long-term decay is "
-        "an upper bound that falls with r, which is not what random vectors do.",
+        "an upper bound that falls with r, which is not what random vectors do. (Each curve is "
+        "divided by its own value at r = 0: compare their shapes, not their heights.)",
         "posemb.lesson.screens.s07_carousel.decay_curves(distances)",
         "Three lines on a log distance axis: the random-pair RMS flat near 1, the q = k mean "
         "falling towards 0, and RoFormer's bound falling more than fivefold.",

@@ -335,8 +335,11 @@ def fig_three_forms(summary: dict[str, Any]) -> Figure:
                 x=alt.X("channel:O", title="channel"),
                 xOffset=alt.XOffset("form:N", sort=list(FORMS)),
                 y=alt.Y("value:Q", title="R_m x"),
-                color=alt.Color("form:N", title=None, scale=charts.colors(list(FORMS))),
-                shape=alt.Shape("form:N", legend=None, sort=list(FORMS)),
+                # One legend for both channels: the same field, title and order.
+                color=alt.Color(
+                    "form:N", title=None, scale=charts.colors(list(FORMS)), sort=list(FORMS)
+                ),
+                shape=alt.Shape("form:N", title=None, sort=list(FORMS)),
                 tooltip=["form:N", "channel:O", alt.Tooltip("value:Q", format=".6f")],
             )
             .properties(width=charts.WIDE - 140, height=220)
