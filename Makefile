@@ -2,7 +2,9 @@
 #   make demo   creates .venv, installs posemb, builds its CPU op, runs posemb verify once
 #               and builds the lesson page from its results (posemb-lesson/index.html)
 #   make test   creates .venv, installs posemb with the dev extra, runs lint and the tests
-#               (among them: the wheel built, installed where no compiler exists, and tested)
+#               (among them: the wheel built, installed where no compiler exists, and tested,
+#               and the documentation site built strictly and opened in a browser)
+#   make docs   builds the documentation site into site/ (the lesson page inside it)
 # Versions come from constraints.txt so that every machine tests the same set.
 
 PYTHON ?= python3
@@ -10,7 +12,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test lint format clean
+.PHONY: demo test docs lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +31,13 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/posemb verify --save $(VENV)/claims.json
 	$(BIN)/posemb lesson --claims $(VENV)/claims.json
 
+# The documentation site into site/ (strict: a warning fails it), with the lesson page at
+# site/lesson/ (its claims run now, about a minute). Open site/index.html: it works offline.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	$(BIN)/posemb lesson --out site/lesson
+	@echo "open file://$(CURDIR)/site/index.html"
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -43,5 +52,5 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis build dist \
+	rm -rf $(VENV) site .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis build dist \
 		src/*.egg-info src/posemb/_C*.so src/posemb/_C.json test-artifacts

@@ -76,7 +76,7 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_compile.py",  # torch.compile and torch.export across modules
         "test_fuzz.py",  # every door
         "test_import.py",  # the public API and its renamed names
-        "test_readme.py",  # the README's code and tables
+        "test_docs.py",  # the README and the documentation site
         "test_tree.py",
         "test_wheel.py",  # the wheel, installed where no compiler is
         "test_hf_configs_data.py",  # tests/data/hf_configs

@@ -96,7 +96,9 @@ def dot_product_attention(
         q: ``(batch, heads, q_len, head_dim)``.
         k: ``(batch, kv_heads, k_len, head_dim)``.
         v: ``(batch, kv_heads, k_len, v_dim)``.
-        causal, bias, scale: as in :func:`attention_probs`.
+        causal: as in :func:`attention_probs`.
+        bias: as in :func:`attention_probs`.
+        scale: as in :func:`attention_probs`.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype.
@@ -141,7 +143,8 @@ def make_encoding(
 
     Args:
         name: one of :data:`ATTENTION_ENCODINGS`.
-        num_heads, head_dim: attention shape.
+        num_heads: attention heads.
+        head_dim: channels per head.
         causal: T5 buckets become one-directional for causal attention.
         kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE).
     """
@@ -285,7 +288,11 @@ class PositionalAttention(nn.Module):
         heads repeated for grouped-query attention).
 
         Args:
-            q, k, positions, k_positions, key_padding_mask: as in :meth:`forward`.
+            q: as in :meth:`forward`.
+            k: as in :meth:`forward`.
+            positions: as in :meth:`forward`.
+            k_positions: as in :meth:`forward`.
+            key_padding_mask: as in :meth:`forward`.
 
         Returns:
             ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); each row

@@ -80,7 +80,8 @@ def alibi_bias(
 
     Args:
         slopes: ``(heads,)`` from :func:`alibi_slopes`; its dtype is the output's.
-        q_positions, k_positions: ``(len,)`` or ``(batch, len)`` integers.
+        q_positions: ``(len,)`` or ``(batch, len)`` integers.
+        k_positions: the same, for the keys.
 
     Returns:
         ``(1 or batch, heads, q_len, k_len)`` in ``slopes``' dtype, on its device.
@@ -122,7 +123,11 @@ class AlibiBias(nn.Module):
         return self
 
     def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Bias ``(1 or batch, heads, q_len, k_len)`` for these positions, in the slopes' dtype."""
+        """The bias for these positions, in the slopes' dtype.
+
+        ``q_positions`` is ``(q_len,)`` or ``(batch, q_len)``, ``k_positions`` likewise with
+        k_len; the bias is ``(batch, heads, q_len, k_len)``, with batch 1 for 1-D positions.
+        """
         return alibi_bias(self.slopes, q_positions, k_positions)
 
     def extra_repr(self) -> str:
@@ -197,8 +202,10 @@ class T5Bias(nn.Module):
 
     Args:
         num_heads: heads.
-        num_buckets, max_distance, bidirectional: as in :func:`t5_relative_bucket` (T5 uses
-            32 and 128, bidirectional in the encoder, causal in the decoder).
+        num_buckets: as in :func:`t5_relative_bucket`.
+        max_distance: as in :func:`t5_relative_bucket`.
+        bidirectional: as in :func:`t5_relative_bucket` (T5 uses 32 buckets and distance 128,
+            bidirectional in the encoder, causal in the decoder).
         init_std: std of the initial biases.
     """
 
@@ -219,7 +226,11 @@ class T5Bias(nn.Module):
         nn.init.normal_(self.weight, std=_checks.number("init_std", init_std, minimum=0.0))
 
     def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Bias ``(1 or batch, heads, q_len, k_len)``."""
+        """The learned bias for these positions.
+
+        ``q_positions`` is ``(q_len,)`` or ``(batch, q_len)``, ``k_positions`` likewise with
+        k_len; the bias is ``(batch, heads, q_len, k_len)``, with batch 1 for 1-D positions.
+        """
         rel = relative_positions(q_positions, k_positions).to(self.weight.device)
         buckets = t5_relative_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
         bias = self.weight[buckets]  # (..., q, k, heads)
@@ -271,7 +282,11 @@ class FireBias(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
 
     def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """Bias ``(1 or batch, heads, q_len, k_len)``."""
+        """The learned bias for these positions.
+
+        ``q_positions`` is ``(q_len,)`` or ``(batch, q_len)``, ``k_positions`` likewise with
+        k_len; the bias is ``(batch, heads, q_len, k_len)``, with batch 1 for 1-D positions.
+        """
         q = _pos("q_positions", q_positions).to(self.c.device)
         dt = self.c.dtype  # the MLP's dtype (float32 unless the module was converted)
         dist = relative_positions(q, k_positions).to(self.c.device).abs().to(dt)

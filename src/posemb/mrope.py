@@ -326,7 +326,8 @@ def mrope_position_ids(
 
     Args:
         input_ids: ``(batch, seq)`` token ids.
-        image_token_id, video_token_id: the placeholder tokens that stand for patches.
+        image_token_id: the placeholder token that stands for an image patch.
+        video_token_id: the same, for a video patch.
         image_grid_thw: ``(num_images, 3)`` (t, h, w) in patches before merging.
         video_grid_thw: ``(num_videos, 3)``.
         attention_mask: ``(batch, seq)``, 1 for tokens, 0 for padding (which gets id 0).

@@ -346,7 +346,11 @@ class XPos(RotaryEmbedding):
     them.
 
     Args:
-        head_dim, base, rotary_dim, layout, backend: as :class:`RotaryEmbedding`.
+        head_dim: as in :class:`RotaryEmbedding`.
+        base: as in :class:`RotaryEmbedding`.
+        rotary_dim: as in :class:`RotaryEmbedding`.
+        layout: as in :class:`RotaryEmbedding`.
+        backend: as in :class:`RotaryEmbedding`.
         gamma: > 0.
         scale_base: B > 0, in tokens.
         center: position subtracted before scaling, or None to follow each call's length.

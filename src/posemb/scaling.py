@@ -258,7 +258,8 @@ class Yarn(RopeScaling):
         original_max_position_embeddings: L.
         beta_fast: turns above which a pair is left alone (paper: 32 for Llama).
         beta_slow: turns below which a pair is fully interpolated (paper: 1).
-        mscale, mscale_all_dim: DeepSeek's temperature terms (see above).
+        mscale: DeepSeek's temperature term (see above).
+        mscale_all_dim: its second term (see above).
         attention_factor: explicit factor on cos and sin; > 0.
         truncate: round the ramp's ends to whole pair indices (the paper's code does).
     """

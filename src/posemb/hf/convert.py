@@ -40,7 +40,8 @@ def convert_qk_layout(
         to: target layout.
         num_heads: query heads; ``num_kv_heads`` key heads (default: the same).
         rotary_dim: rotated channels per head; default all.
-        q_pattern, k_pattern: regular expressions (``re.search``) naming q and k tensors.
+        q_pattern: a regular expression (``re.search``) naming the q tensors.
+        k_pattern: the same, for the k tensors.
 
     Returns:
         A new dict (unconverted tensors are the same objects) and the converted names.

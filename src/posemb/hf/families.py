@@ -46,7 +46,7 @@ class Family:
     """How one model family's config describes its RoPE.
 
     Attributes:
-        name: the family as the README's table names it.
+        name: the family as the families table of the docs (docs/hf.md) names it.
         model_types: the ``model_type`` values (of the text config) the rule applies to.
         tested_with: the ``transformers`` rotary module the tests compare against.
         rope_head_dim_key: key holding the rotary part of the head, for multi-head latent

@@ -259,8 +259,10 @@ def rotate(
     Args:
         q: ``(batch, q_heads, seq, head_dim)``; any strides but unit stride in head_dim.
         k: ``(batch, kv_heads, seq, head_dim)``; kv_heads may differ (GQA/MQA).
-        cos, sin: ``(seq, r/2)`` or ``(batch, seq, r/2)`` (attention factor already applied).
-        k_cos, k_sin: tables for k when they differ from q's (xPos); default cos and sin.
+        cos: ``(seq, r/2)`` or ``(batch, seq, r/2)`` (attention factor already applied).
+        sin: the same shape.
+        k_cos: the cos table for k when it differs from q's (xPos); default ``cos``.
+        k_sin: the same, for sin; default ``sin``.
         layout: pairing of channels.
         backend: one of :data:`BACKENDS`.
         inplace: write into q and k (no autograd).
@@ -387,11 +389,14 @@ def rotate_cached(
     Args:
         q: ``(batch, q_heads, seq, head_dim)``, or ``(total, q_heads, head_dim)`` with cu_seqlens.
         k: the same with kv_heads.
-        cos, sin: ``(rows, r/2)`` caches (e.g. ``RotaryEmbedding.cos_sin(torch.arange(L))``).
+        cos: ``(rows, r/2)`` cache (e.g. ``RotaryEmbedding.cos_sin(torch.arange(L))[0]``).
+        sin: the same shape.
         positions: ``(seq,)`` or ``(batch, seq)`` integer rows (not with cu_seqlens).
         offsets: per-sequence ``(batch,)`` integers or one int, added to each row.
         cu_seqlens: ``(batch + 1,)`` increasing integers from 0 to total.
-        layout, backend, inplace: as in :func:`rotate`.
+        layout: as in :func:`rotate`.
+        backend: as in :func:`rotate`.
+        inplace: as in :func:`rotate`.
 
     Returns:
         ``(q, k)`` rotated.
