@@ -26,6 +26,7 @@ from .bias import (
     relative_positions,
     t5_relative_bucket,
 )
+from .cache import RotatedKVCache
 from .freqs import angles, cos_sin, inv_freq, wavelengths
 from .mrope import MRotaryEmbedding
 from .rope import (
@@ -50,6 +51,7 @@ __all__ = [
     "PositionalAttention",
     "RandomizedPositions",
     "RotaryEmbedding",
+    "RotatedKVCache",
     "SinusoidalEmbedding",
     "T5Bias",
     "XPos",

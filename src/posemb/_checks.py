@@ -22,6 +22,13 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+def nonnegative_int(name: str, value: object) -> int:
+    """Return ``value`` as an int if it is an integer >= 0, else raise ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
     """Return ``value`` as a float if it is a finite real >= ``minimum`` (> if ``strict``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):

@@ -245,9 +245,11 @@ class RotaryEmbedding(nn.Module):
         both = self._table(hi + 1, hi + 1, x.device, compute)[:, pos]  # one gather for both
         return both[0], both[1]
 
-    def _positions(self, x: torch.Tensor, positions: object) -> torch.Tensor:
+    def _positions(
+        self, x: torch.Tensor, positions: object, name: str = "positions"
+    ) -> torch.Tensor:
         return _checks.positions_for(
-            "positions", positions, batch=x.shape[0], length=x.shape[2], device=x.device
+            name, positions, batch=x.shape[0], length=x.shape[2], device=x.device
         )
 
     def _check(self, name: str, x: object) -> torch.Tensor:
@@ -294,6 +296,105 @@ class RotaryEmbedding(nn.Module):
         return kernels.rotate(
             q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
         )
+
+    def schedule(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        """The inverse frequencies ``(rotary_dim / 2,)`` (float64, CPU) and attention factor
+        this module rotates with in a call whose length is ``seq_len`` (what a length-dependent
+        scaling such as :class:`~posemb.scaling.LongRope` or dynamic NTK reads; ignored by
+        the others)."""
+        return _scaling.cached_compute(self.scaling, self.rotary_dim, self.base, "cpu", seq_len)
+
+    def rerotate(
+        self,
+        k: torch.Tensor,
+        from_positions: torch.Tensor,
+        to_positions: torch.Tensor,
+        source: RotaryEmbedding | None = None,
+        *,
+        from_length: int | None = None,
+        to_length: int | None = None,
+        fused: bool = False,
+    ) -> torch.Tensor:
+        """Keys rotated at ``from_positions`` (by ``source``, default this module) as this
+        module rotates them at ``to_positions``: for a KV cache that evicts tokens and moves
+        the rest (attention sinks, context shift), or whose schedule changed.
+
+        Each pair turns by the difference of its two angles, formed in float64 from the two
+        positions and the two schedules (never by composing rounded tables), and is scaled by
+        the ratio of the attention factors. By default the turn is applied in float64 and the
+        key rounded once to its dtype, so re-rotating a key many times costs what storing it
+        that many times costs (rounding noise growing like sqrt(n)). ``fused=True`` applies it
+        with this module's backend in the key's dtype instead: one pass, but its rounded
+        cos/sin of a recurring difference repeat the same error at every shift, which grows
+        linearly over many of them.
+
+        Args:
+            k: ``(batch, heads, seq, head_dim)`` keys, rotated as ``source`` rotates them.
+            from_positions: ``(seq,)`` or ``(batch, seq)`` integers they were rotated at.
+            to_positions: the same shape: where they are to be.
+            source: the module that rotated them, when another schedule than this one
+                (same head_dim, rotary_dim and layout).
+            from_length: the call length the source rotated them in (length-dependent
+                scalings only); default the largest from-position + 1.
+            to_length: the same for this module; default the largest to-position + 1.
+            fused: rotate in the key's dtype with the module's backend (see above).
+
+        Returns:
+            ``k`` re-rotated, its shape and dtype.
+
+        Raises:
+            ValueError: positions of other shapes, or a source with another geometry.
+        """
+        src = self if source is None else source
+        k = self._check("k", k)
+        self._check_source(src)
+        start = self._positions(k, from_positions, "from_positions")
+        end = self._positions(k, to_positions, "to_positions")
+        if start.shape != end.shape:
+            raise InputError(
+                f"from_positions and to_positions must have one shape, got {tuple(start.shape)} "
+                f"and {tuple(end.shape)}"
+            )
+        if from_length is None and start.numel():
+            from_length = int(start.max()) + 1
+        if to_length is None and end.numel():
+            to_length = int(end.max()) + 1
+        inv_from, factor_from = src.schedule(from_length)
+        inv_to, factor_to = self.schedule(to_length)
+        delta = angles(end.cpu(), inv_to) - angles(start.cpu(), inv_from)
+        ratio = factor_to / factor_from
+        cos, sin = torch.cos(delta) * ratio, torch.sin(delta) * ratio
+        if fused:
+            dtype = _checks.compute_dtype(k)
+            out, _ = kernels.rotate(
+                k, k[:, :0], cos.to(k.device, dtype), sin.to(k.device, dtype),
+                layout=self.layout, backend=self.backend,
+            )  # fmt: skip
+            return out
+        wide = k.to(torch.float64)
+        out, _ = kernels.rotate(
+            wide, wide[:, :0], cos.to(k.device), sin.to(k.device),
+            layout=self.layout, backend="reference",
+        )  # fmt: skip
+        return out.to(k.dtype)
+
+    def _check_source(self, source: object) -> None:
+        if not isinstance(source, RotaryEmbedding) or isinstance(source, XPos):
+            raise InputError(
+                f"source must be a RotaryEmbedding (XPos keys carry a position-dependent scale, "
+                f"not a rotation), got {type(source).__name__}"
+            )
+        if isinstance(self, XPos):
+            raise InputError(
+                "XPos keys carry a position-dependent scale; they cannot be re-rotated"
+            )
+        for field in ("head_dim", "rotary_dim", "layout"):
+            if getattr(source, field) != getattr(self, field):
+                raise InputError(
+                    f"source.{field} is {getattr(source, field)!r}, this module's is "
+                    f"{getattr(self, field)!r}: a key rotated in one geometry cannot be "
+                    f"re-rotated into another"
+                )
 
     def extra_repr(self) -> str:
         return (
