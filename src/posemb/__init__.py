@@ -15,6 +15,7 @@ from .attention import (
     make_encoding,
     permutation_matrix,
 )
+from .axial import AxialRotaryEmbedding
 from .bias import (
     AlibiBias,
     FireBias,
@@ -42,6 +43,7 @@ from .rope import (
 
 __all__ = [
     "AlibiBias",
+    "AxialRotaryEmbedding",
     "BackendUnavailable",
     "FireBias",
     "InputError",
