@@ -52,3 +52,12 @@ def test_where_rope_acts_measures_the_shift(by_id):
     assert "float64 rounding" in fig.readouts[rope_mode]
     assert "float64 rounding" not in fig.readouts[absolute_mode]
     assert "R_m q" in fig.states[rope_mode] and "R_m q" not in fig.states[absolute_mode]
+
+
+def test_the_drift_figure_shows_rerotation_below_composed_tables(by_id):
+    rows = by_id["fig-rerotate-drift"].states[""]["data"]["values"]
+    ours, composed = s07.DRIFT_METHODS
+    last = {r["method"]: r["error"] for r in rows if r["shifts"] == s07.DRIFT_SHIFTS}
+    assert last[ours] < last[composed] / 2, last
+    first = {r["method"]: r["error"] for r in rows if r["shifts"] == s07.DRIFT_EVERY}
+    assert last[composed] > 5 * first[composed]  # the composed tables keep drifting
