@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from json_nodes import walk
 
 from posemb.lesson import figures
 
@@ -12,17 +13,6 @@ F64 = torch.float64
 @pytest.fixture(scope="module")
 def built(built_figures):
     return built_figures
-
-
-def _walk(node):
-    """Every dict inside a JSON-like value."""
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk(v)
 
 
 def test_every_figure_is_described_and_names_its_call(built):
@@ -76,7 +66,7 @@ def test_vega_specs_inline_their_data_with_sizes_and_hover_values(built):
     for f in (f for f in built if f.kind == "vega"):
         for spec in f.states.values():
             assert isinstance(spec, dict) and "vega-lite" in spec["$schema"]
-            nodes = list(_walk(spec))
+            nodes = list(walk(spec))
             assert not any(n.get("name") == figures.ROWS.name for n in nodes), f.id
             assert any("values" in n for n in nodes), f.id
             assert any("width" in n for n in nodes) and any("height" in n for n in nodes)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from json_nodes import walk
 
 import posemb
 from posemb.attention import attention_probs, dot_product_attention
@@ -86,7 +87,7 @@ def test_causal_figure_shows_the_three_copies_weights(by_id):
     readout = fig.readouts[""]
     assert "no positions: the same" in readout and "RoPE: not the same" in readout
     rows = next(
-        n["values"] for n in _walk(fig.states[""]) if "values" in n and "encoding" in n["values"][0]
+        n["values"] for n in walk(fig.states[""]) if "values" in n and "encoding" in n["values"][0]
     )
     assert sorted({r["back"] for r in rows}) == [1, 99, 599]
     none = [r["w"] for r in rows if r["encoding"] == "no positions"]
@@ -130,14 +131,3 @@ def test_trained_accuracy_draws_the_verify_rows_it_is_given(by_id):
 def test_trained_accuracy_refuses_a_row_that_is_not_the_claims(value):
     with pytest.raises(ValueError, match=s01.TRAINED_CLAIM):
         figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])
-
-
-def _walk(node):
-    """Every dict inside a JSON-like value."""
-    if isinstance(node, dict):
-        yield node
-        for v in node.values():
-            yield from _walk(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _walk(v)
