@@ -53,6 +53,7 @@ def test_the_qwen2_vl_preset_is_its_vision_rotary(head_dim):
     config = transformers.Qwen2VLConfig().vision_config
     config.embed_dim, config.num_heads = head_dim * heads, heads
     theirs = m.Qwen2VLVisionRotaryEmbedding(config)
+    torch.manual_seed(head_dim)
     pos = _grid(6, 7).reshape(-1, 2)
     q = torch.randn(pos.shape[0], heads, head_dim)
     k = torch.randn(pos.shape[0], heads, head_dim)
@@ -102,11 +103,39 @@ def test_bad_axial_settings_are_refused():
         AxialRotaryEmbedding(32, axes=3)
     with pytest.raises(ValueError, match="split must give each"):
         AxialRotaryEmbedding(32, split=(10, 5))
-    with pytest.raises(ValueError, match="unknown axial preset 'pixtral'"):
-        AxialRotaryEmbedding.preset("pixtral", 64)
+    with pytest.raises(ValueError, match="unknown axial preset 'sam3'"):
+        AxialRotaryEmbedding.preset("sam3", 64)
+    with pytest.raises(ValueError, match="frequencies must be"):
+        AxialRotaryEmbedding(32, frequencies="mixed")
     rope = AxialRotaryEmbedding(16)
     x = torch.randn(1, 1, 3, 16)
     with pytest.raises(ValueError, match="positions must have shape"):
         rope(x, x, torch.zeros(4, 2))
     with pytest.raises(ValueError, match="must be finite"):
         rope(x, x, torch.tensor([[0.0, float("inf")]] * 3))
+
+
+@pytest.mark.parametrize("head_dim", [64, 88])
+def test_the_pixtral_preset_is_its_vision_rotary(head_dim):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.pixtral import modeling_pixtral as m
+
+    heads = 2
+    config = transformers.PixtralVisionConfig(
+        hidden_size=head_dim * heads, num_attention_heads=heads, head_dim=head_dim
+    )
+    theirs = m.PixtralVisionRotaryEmbedding(config)
+    torch.manual_seed(head_dim)
+    pos = _grid(5, 8).reshape(-1, 2)
+    q = torch.randn(1, heads, pos.shape[0], head_dim)
+    k = torch.randn(1, heads, pos.shape[0], head_dim)
+    cos, sin = theirs(q, pos)
+    tq, tk = m.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+    ours = AxialRotaryEmbedding.preset(
+        "pixtral", head_dim, base=config.rope_parameters["rope_theta"]
+    )
+    oq, ok = ours(q, k, pos)
+    worst = max(float((oq - tq).abs().max()), float((ok - tk).abs().max()))
+    angle_ulp = torch.finfo(torch.float32).eps * 8.0  # the largest angle here is 7 rad
+    assert worst < 2 * angle_ulp * float(torch.cat((q, k)).abs().max()) + 1e-6, worst
+    print(f"pixtral head_dim {head_dim}: worst difference {worst:.2e}")

@@ -35,18 +35,24 @@ class AxialLayout:
     Attributes:
         order: "blocks" (all of axis 0's pairs, then axis 1's, ...) or "alternate" (pair 0 to
             axis 0, pair 1 to axis 1, ... in turn).
+        frequencies: "per_axis" (each axis the 1D RoPE frequencies of its own pairs) or
+            "shared" (one 1D list over the whole head, dealt to the axes in turn: axis a gets
+            every axes-th frequency from the a-th).
         layout: how channels pair up (:class:`~posemb.Layout`).
         module: the transformers module this layout reproduces, for the record.
     """
 
     order: str
+    frequencies: str
     layout: Layout
     module: str
 
 
 PRESETS: dict[str, AxialLayout] = {
     # Qwen2VLVisionRotaryEmbedding: cos = cat(h, w, h, w) over head_dim, rotate_half.
-    "qwen2_vl": AxialLayout("blocks", Layout.HALF, "Qwen2VLVisionRotaryEmbedding"),
+    "qwen2_vl": AxialLayout("blocks", "per_axis", Layout.HALF, "Qwen2VLVisionRotaryEmbedding"),
+    # PixtralVisionRotaryEmbedding: one list over head_dim, evens to h and odds to w, in blocks.
+    "pixtral": AxialLayout("blocks", "shared", Layout.HALF, "PixtralVisionRotaryEmbedding"),
 }
 """Axial layouts by the name of the model family whose vision tower uses them."""
 
@@ -60,6 +66,7 @@ class AxialRotaryEmbedding(nn.Module):
         base: frequency base of every axis (10000 in Qwen2-VL's vision tower).
         split: pairs per axis, summing to head_dim / 2; default an equal share each.
         order: "blocks" or "alternate" (see :class:`AxialLayout`).
+        frequencies: "per_axis" or "shared" (see :class:`AxialLayout`).
         layout: channel pairing (:class:`~posemb.Layout`).
         backend: as in :class:`~posemb.RotaryEmbedding`.
     """
@@ -73,6 +80,7 @@ class AxialRotaryEmbedding(nn.Module):
         order: str = "blocks",
         layout: Layout | str = Layout.HALF,
         backend: str = "auto",
+        frequencies: str = "per_axis",
     ) -> None:
         super().__init__()
         self.head_dim = _checks.even_int("head_dim", head_dim)
@@ -99,6 +107,11 @@ class AxialRotaryEmbedding(nn.Module):
         if order == "alternate" and len(set(self.split)) != 1:
             raise InputError("order 'alternate' needs an equal split: pairs take axes in turn")
         self.order = order
+        if frequencies not in ("per_axis", "shared"):
+            raise InputError(f"frequencies must be 'per_axis' or 'shared', got {frequencies!r}")
+        if frequencies == "shared" and len(set(self.split)) != 1:
+            raise InputError("frequencies 'shared' needs an equal split: axes take them in turn")
+        self.frequencies = frequencies
         self.layout = as_layout(layout)
         if backend not in kernels.BACKENDS:
             raise InputError(
@@ -118,12 +131,19 @@ class AxialRotaryEmbedding(nn.Module):
         if name not in PRESETS:
             raise InputError(f"unknown axial preset {name!r}; known: {', '.join(PRESETS)}")
         p = PRESETS[name]
-        return cls(head_dim, 2, base, order=p.order, layout=p.layout, backend=backend)
+        return cls(
+            head_dim, 2, base, order=p.order, layout=p.layout, backend=backend,
+            frequencies=p.frequencies,
+        )  # fmt: skip
 
     def pair_axes(self) -> tuple[torch.Tensor, torch.Tensor]:
         """For each of the head's pairs, the axis that turns it and its frequency: ``(axis,
         inv_freq)``, each ``(head_dim / 2,)`` (inv_freq float64)."""
-        per_axis = [inv_freq(2 * n, self.base, dtype=torch.float64) for n in self.split]
+        if self.frequencies == "shared":
+            full = inv_freq(self.head_dim, self.base, dtype=torch.float64)
+            per_axis = [full[a :: self.axes] for a in range(self.axes)]
+        else:
+            per_axis = [inv_freq(2 * n, self.base, dtype=torch.float64) for n in self.split]
         if self.order == "blocks":
             axis = torch.cat([torch.full((n,), a) for a, n in enumerate(self.split)])
             freq = torch.cat(per_axis)
@@ -186,7 +206,8 @@ class AxialRotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, axes={self.axes}, base={self.base:g}, "
-            f"split={self.split}, order={self.order!r}, layout={self.layout.value}"
+            f"split={self.split}, order={self.order!r}, frequencies={self.frequencies!r}, "
+            f"layout={self.layout.value}"
         )
 
 
