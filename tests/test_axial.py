@@ -111,6 +111,10 @@ def test_bad_axial_settings_are_refused():
     x = torch.randn(1, 1, 3, 16)
     with pytest.raises(ValueError, match="positions must have shape"):
         rope(x, x, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="positions must have shape"):
+        rope(torch.randn(2, 1, 3, 16), torch.randn(2, 1, 3, 16), torch.zeros(3, 3, 2))
+    with pytest.raises(ValueError, match="positions must be a tensor"):
+        rope(x, x, "a")
     with pytest.raises(ValueError, match="must be finite"):
         rope(x, x, torch.tensor([[0.0, float("inf")]] * 3))
 

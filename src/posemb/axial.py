@@ -57,6 +57,18 @@ PRESETS: dict[str, AxialLayout] = {
 """Axial layouts by the name of the model family whose vision tower uses them."""
 
 
+def _coordinates(positions: object) -> torch.Tensor:
+    if isinstance(positions, torch.Tensor):
+        return positions
+    try:
+        return torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(
+            f"positions must be a tensor (or nested lists) of coordinates, got "
+            f"{type(positions).__name__}"
+        ) from None
+
+
 class AxialRotaryEmbedding(nn.Module):
     """Rotates queries and keys by their coordinates on 2 or 3 axes.
 
@@ -157,7 +169,7 @@ class AxialRotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token tables for coordinates ``positions`` ``(..., axes)`` (integers or floats;
         NaN for a token left unrotated): ``(cos, sin)``, each ``(..., head_dim / 2)``."""
-        pos = torch.as_tensor(positions)
+        pos = _coordinates(positions)
         if pos.dim() < 1 or pos.shape[-1] != self.axes:
             raise InputError(
                 f"positions must end in {self.axes} coordinates (one per axis), got shape "
@@ -192,8 +204,9 @@ class AxialRotaryEmbedding(nn.Module):
         """
         q = _checks.heads_tensor("q", q, self.head_dim)
         k = _checks.heads_tensor("k", k, self.head_dim)
-        pos = torch.as_tensor(positions, device=q.device)
-        if pos.shape[-2:-1] != (q.shape[2],) or pos.dim() not in (2, 3):
+        pos = _coordinates(positions).to(q.device)
+        batch_ok = pos.dim() == 2 or pos.shape[0] in (1, q.shape[0])
+        if pos.shape[-2:-1] != (q.shape[2],) or pos.dim() not in (2, 3) or not batch_ok:
             raise InputError(
                 f"positions must have shape ({q.shape[2]}, {self.axes}) or (batch, "
                 f"{q.shape[2]}, {self.axes}), got {tuple(pos.shape)}"
