@@ -24,6 +24,9 @@ $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[dev]'
+	# A test oracle: torchtune's vision RoPE. Its package imports torchao and more on import,
+	# so the tests load that one module file, and none of its dependencies are installed.
+	$(PIP) --no-deps torchtune
 	$(BIN)/posemb kernels --build
 	@touch $@ $(VENV)/.installed-demo
 

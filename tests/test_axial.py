@@ -75,15 +75,16 @@ def test_the_qwen2_vl_preset_is_its_vision_rotary(head_dim):
     print(f"qwen2_vl head_dim {head_dim}: worst difference {worst:.2e}")
 
 
+@pytest.mark.parametrize("order", ["blocks", "alternate", "chunks"])
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_fused_per_token_tables_match_the_reference_forward_and_backward(backend):
+def test_fused_per_token_tables_match_the_reference_forward_and_backward(backend, order):
     if backend == "cpu" and posemb.kernels.status()["cpu"] != "available":
         pytest.skip(posemb.kernels.status()["cpu"])
     pos = _grid(5, 4).reshape(-1, 2)
     q = torch.randn(2, 4, 20, 32, requires_grad=True)
     k = torch.randn(2, 2, 20, 32, requires_grad=True)
-    fused = AxialRotaryEmbedding(32, backend=backend)
-    plain = AxialRotaryEmbedding(32, backend="reference")
+    fused = AxialRotaryEmbedding(32, backend=backend, order=order)
+    plain = AxialRotaryEmbedding(32, backend="reference", order=order)
     a = fused(q, k, pos)
     b = plain(q.detach().double(), k.detach().double(), pos)
     assert_close(a[0], b[0], torch.float32)
@@ -105,8 +106,16 @@ def test_bad_axial_settings_are_refused():
         AxialRotaryEmbedding(32, split=(10, 5))
     with pytest.raises(ValueError, match="unknown axial preset 'sam3'"):
         AxialRotaryEmbedding.preset("sam3", 64)
-    with pytest.raises(ValueError, match="frequencies must be"):
+    with pytest.raises(ValueError, match="frequencies must be one of"):
+        AxialRotaryEmbedding(32, frequencies="spiral")
+    with pytest.raises(ValueError, match="order must be one of"):
+        AxialRotaryEmbedding(32, order="rows")
+    with pytest.raises(ValueError, match="heads"):
         AxialRotaryEmbedding(32, frequencies="mixed")
+    with pytest.raises(ValueError, match="cannot learn frequencies"):
+        AxialRotaryEmbedding(32, frequencies="mixed", heads=2, backend="cpu")
+    with pytest.raises(ValueError, match="cls must be"):
+        AxialRotaryEmbedding(32).grid(2, 2, cls="middle")
     rope = AxialRotaryEmbedding(16)
     x = torch.randn(1, 1, 3, 16)
     with pytest.raises(ValueError, match="positions must have shape"):
@@ -143,3 +152,60 @@ def test_the_pixtral_preset_is_its_vision_rotary(head_dim):
     angle_ulp = torch.finfo(torch.float32).eps * 8.0  # the largest angle here is 7 rad
     assert worst < 2 * angle_ulp * float(torch.cat((q, k)).abs().max()) + 1e-6, worst
     print(f"pixtral head_dim {head_dim}: worst difference {worst:.2e}")
+
+
+def test_mixed_frequencies_keep_the_logit_relative_to_the_offset_vector():
+    torch.manual_seed(0)
+    rope = AxialRotaryEmbedding(32, frequencies="mixed", heads=2, base=10.0).double()
+    q, k = torch.randn(1, 2, 1, 32, dtype=F64), torch.randn(1, 2, 1, 32, dtype=F64)
+
+    def logits(pq, pk):
+        a, _ = rope(q, k, torch.tensor([pq], dtype=F64))
+        _, b = rope(q, k, torch.tensor([pk], dtype=F64))
+        return (a * b).sum(-1)
+
+    base = logits((3.0, 5.0), (1.0, 2.0))
+    torch.testing.assert_close(logits((10.5, 12.25), (8.5, 9.25)), base, rtol=0, atol=1e-12)
+    assert (logits((3.0, 6.0), (1.0, 2.0)) - base).abs().min() > 1e-6  # another offset
+
+
+def test_mixed_frequencies_set_to_the_axes_are_axial_rope_and_they_learn():
+    axial = AxialRotaryEmbedding(16)
+    mixed = AxialRotaryEmbedding(16, frequencies="mixed", heads=2)
+    axis, freq = axial.pair_axes()
+    with torch.no_grad():
+        mixed.mixed.zero_()
+        mixed.mixed[:, torch.arange(8), axis] = freq.float()
+    pos = _grid(3, 4).reshape(-1, 2)
+    q, k = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    for a, b in zip(mixed(q, k, pos), axial(q, k, pos), strict=True):
+        assert_close(a, b, torch.float32)
+    q.requires_grad_()
+    out, _ = mixed(q, k, pos)
+    out.square().sum().backward()
+    assert mixed.mixed.grad is not None and mixed.mixed.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="made for 2 key heads"):
+        mixed(q, torch.randn(1, 3, 12, 16), pos)
+
+
+def test_mixed_init_is_the_papers_rotated_pairs_of_magnitudes():
+    torch.manual_seed(1)
+    f = posemb.axial.mixed_init(32, heads=3, axes=2, base=10.0)
+    mag = 10.0 ** (-4.0 * torch.arange(8, dtype=F64) / 32)
+    torch.testing.assert_close(f.norm(dim=-1), torch.cat((mag, mag)).expand(3, 16))
+    # Pair i and pair i + head_dim / 4 point at right angles; heads point differently.
+    torch.testing.assert_close(
+        (f[:, :8] * f[:, 8:]).sum(-1), torch.zeros(3, 8, dtype=F64), atol=1e-15, rtol=0
+    )
+    assert not torch.allclose(f[0], f[1])
+    with pytest.raises(ValueError, match="divisible by 4"):
+        posemb.axial.mixed_init(18, heads=1, axes=2, base=10.0)
+
+
+def test_patch_positions_orders_and_class_tokens():
+    g = posemb.axial.patch_positions(2, 3)
+    assert g.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+    xy = posemb.axial.patch_positions(2, 3, coordinates=("x", "y"), start=1, cls="first")
+    assert torch.isnan(xy[0]).all() and xy[1:].tolist() == [
+        [1, 1], [2, 1], [3, 1], [1, 2], [2, 2], [3, 2]
+    ]  # fmt: skip

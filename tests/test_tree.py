@@ -82,6 +82,7 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_hf_configs_data.py",  # tests/data/hf_configs
         "test_hf_real_configs.py",  # published configs against transformers
         "test_hf_patch_models.py",  # patch_rotary on real model families
+        "test_axial_presets.py",  # axial.py's presets against transformers and torchtune
         "test_lab_distributed.py",  # lab/distributed.py
         "test_lab_tasks.py",
         "lesson/test_browser.py",  # the built page in Chromium
