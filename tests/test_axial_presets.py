@@ -33,10 +33,12 @@ def vision_config(name: str, cls_name: str) -> object:
     return getattr(transformers, cls_name)(**block)
 
 
+def heads_of(config: object) -> int:
+    return getattr(config, "num_attention_heads", None) or config.num_heads
+
+
 def head_dim(config: object) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // (
-        getattr(config, "num_attention_heads", None) or config.num_heads
-    )
+    return getattr(config, "head_dim", None) or config.hidden_size // heads_of(config)
 
 
 def within_rounding(ours, theirs, largest_angle: float, x: torch.Tensor, label: str) -> float:
@@ -61,6 +63,12 @@ def qk(tokens: int, heads: int, dim: int, seed: int) -> tuple[torch.Tensor, torc
          "qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionRotaryEmbedding"),
         ("qwen3_vl", "qwen3_vl__qwen3-vl-8b-instruct.json", "Qwen3VLVisionConfig",
          "qwen3_vl.modeling_qwen3_vl.Qwen3VLVisionRotaryEmbedding"),
+        ("qwen3_5", "qwen3_5__qwen3.5-9b.json", "Qwen3_5VisionConfig",
+         "qwen3_5.modeling_qwen3_5.Qwen3_5VisionRotaryEmbedding"),
+        ("glm4v", "glm4v__glm-4.1v-9b-thinking.json", "Glm4vVisionConfig",
+         "glm4v.modeling_glm4v.Glm4vVisionRotaryEmbedding"),
+        ("exaone4_5", "exaone4_5__exaone-4.5-33b.json", "Exaone4_5_VisionConfig",
+         "exaone4_5.modeling_exaone4_5.Exaone4_5_VisionRotaryEmbedding"),
     ],
 )  # fmt: skip
 def test_the_qwen_vision_presets_from_published_configs(preset, fixture, cls_name, module_path):
@@ -68,7 +76,7 @@ def test_the_qwen_vision_presets_from_published_configs(preset, fixture, cls_nam
     mod_name, cls = module_path.rsplit(".", 1)
     m = __import__(f"transformers.models.{mod_name}", fromlist=[cls])
     theirs = getattr(m, cls)(config)
-    d, heads = head_dim(config), config.num_heads
+    d, heads = head_dim(config), heads_of(config)
     ours = AxialRotaryEmbedding.preset(preset, d, base=config.rope_parameters["rope_theta"])
     pos = ours.grid(12, 9)  # (h, w), as the Qwen towers take them
     q, k = qk(pos.shape[0], heads, d, seed=d)

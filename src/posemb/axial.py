@@ -70,6 +70,12 @@ PRESETS: dict[str, AxialLayout] = {
                               "Qwen2_5_VLVisionRotaryEmbedding"),
     "qwen3_vl": AxialLayout(_QWEN.order, _QWEN.frequencies, _QWEN.layout,
                             "Qwen3VLVisionRotaryEmbedding"),
+    "qwen3_5": AxialLayout(_QWEN.order, _QWEN.frequencies, _QWEN.layout,
+                           "Qwen3_5VisionRotaryEmbedding"),
+    "glm4v": AxialLayout(_QWEN.order, _QWEN.frequencies, _QWEN.layout,
+                         "Glm4vVisionRotaryEmbedding"),
+    "exaone4_5": AxialLayout(_QWEN.order, _QWEN.frequencies, _QWEN.layout,
+                             "Exaone4_5_VisionRotaryEmbedding"),
     # One list over head_dim, evens to h and odds to w, in blocks.
     "pixtral": AxialLayout("blocks", "shared", Layout.HALF, "PixtralVisionRotaryEmbedding"),
     # Complex pairs (2j, 2j+1): the first half of the pairs turn by x + 1, the rest by y + 1.

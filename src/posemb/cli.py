@@ -94,6 +94,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     config = hf.load_config(args.config)
     strict = not args.lenient
+    if args.vision:
+        vision = hf.vision_report(config)
+        print(json.dumps(vision, indent=2) if args.json else hf.format_vision(vision))
+        return 0
     if args.layer_type is None:
         model = hf.inspect_model(config, args.seq_len, strict=strict)
         print(json.dumps(model, indent=2) if args.json else hf.format_model(model))
@@ -347,6 +351,11 @@ def _add_inspect(sub: Any) -> None:
         "--lenient",
         action="store_true",
         help="warn about rope keys the rope type does not read instead of refusing them",
+    )
+    inspect.add_argument(
+        "--vision",
+        action="store_true",
+        help="the vision tower's RoPE instead: its axial preset, head_dim and base",
     )
     inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)

@@ -104,6 +104,7 @@ from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
 from .patch import HFRotaryEmbedding, patch_rotary, unpatch_rotary
+from .vision import VisionReport, format_vision, vision_report, vision_rotary_from_config
 
 __all__ = [
     "DEFAULT_THETA",
@@ -118,11 +119,13 @@ __all__ = [
     "LayerKind",
     "ModelRope",
     "RopeSpec",
+    "VisionReport",
     "attention_shape",
     "convert_checkpoint",
     "convert_qk_layout",
     "format_inspect",
     "format_model",
+    "format_vision",
     "frequencies_from_config",
     "inspect_model",
     "inspect_report",
@@ -133,6 +136,8 @@ __all__ = [
     "rope_spec",
     "rotary_from_config",
     "unpatch_rotary",
+    "vision_report",
+    "vision_rotary_from_config",
 ]
 
 # The README's name before 0.2, when posemb called scalings "schedules".
