@@ -84,6 +84,7 @@ Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 from __future__ import annotations
 
 from .. import _renamed
+from .cache import rerotate_cache, schedule_changes
 from .config import (
     DEFAULT_THETA,
     ROPE_KEYS,
@@ -132,9 +133,11 @@ __all__ = [
     "load_config",
     "model_rope",
     "patch_rotary",
+    "rerotate_cache",
     "rope_layer_types",
     "rope_spec",
     "rotary_from_config",
+    "schedule_changes",
     "unpatch_rotary",
     "vision_report",
     "vision_rotary_from_config",

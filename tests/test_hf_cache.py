@@ -1,0 +1,114 @@
+"""hf.rerotate_cache and hf.schedule_changes inside real transformers models (Phi-3 with
+LongRoPE, Llama with dynamic NTK), against a fresh prefill of the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posemb import hf
+
+transformers = pytest.importorskip("transformers")
+
+ORIGINAL = 16  # the pre-training length of the tiny models
+EXACT = 1e-5  # float32 logits of these models, the same tokens in another order of sums
+
+
+def _tiny(kind: str, layers: int = 2) -> torch.nn.Module:
+    common = dict(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * ORIGINAL,
+    )  # fmt: skip
+    if kind == "longrope":
+        g = torch.Generator().manual_seed(5)
+        short = (1 + torch.rand(8, generator=g)).tolist()
+        long = (2 + 6 * torch.rand(8, generator=g)).sort().values.tolist()
+        config = transformers.Phi3Config(
+            **common, original_max_position_embeddings=ORIGINAL, pad_token_id=0,
+            eos_token_id=1, bos_token_id=1,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": short, "long_factor": long},
+        )  # fmt: skip
+        cls = transformers.Phi3ForCausalLM
+    else:
+        common["max_position_embeddings"] = ORIGINAL
+        config = transformers.LlamaConfig(
+            **common, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+        )
+        cls = transformers.LlamaForCausalLM
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+def _decode(model, ids, prefill: int, how: str) -> list[float]:
+    """Decode ids[:, prefill:] one token at a time with a cache; the worst logit difference of
+    each step from a fresh prefill. ``how`` handles a schedule change: "stale" (ignore it, as
+    transformers' cache does), "rerotate", "approximate" or "prefill" (run without the cache)."""
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :prefill], cache=cache, use_cache=True)
+        gaps = []
+        for t in range(prefill, ids.shape[1]):
+            fresh = model(ids[:, : t + 1]).logits[:, -1]
+            if how == "prefill" and hf.schedule_changes(model.config, t, t + 1):
+                cache = transformers.DynamicCache(config=model.config)
+                step = model(ids[:, : t + 1], cache=cache, use_cache=True).logits[:, -1]
+            else:
+                if how in ("rerotate", "approximate"):
+                    hf.rerotate_cache(model.config, cache, from_length=t, to_length=t + 1,
+                                      approximate=how == "approximate")  # fmt: skip
+                step = model(ids[:, t : t + 1], cache=cache, use_cache=True).logits[:, -1]
+            gaps.append(float((step - fresh).abs().max()))
+    return gaps
+
+
+IDS = torch.randint(1, 97, (2, 2 * ORIGINAL), generator=torch.Generator().manual_seed(1))
+START = ORIGINAL - 4  # four tokens before the switch, sixteen after it
+
+
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_one_rotating_layer_rerotated_decodes_as_a_fresh_prefill(kind):
+    model = _tiny(kind, layers=1)
+    stale = _decode(model, IDS, START, "stale")
+    fixed = _decode(model, IDS, START, "rerotate")
+    assert max(stale[:4]) < EXACT and min(stale[4:]) > 10 * EXACT, stale
+    assert max(fixed) < EXACT, fixed
+    print(f"{kind}, 1 layer: worst gap past the switch {max(stale[4:]):.2g} stale, "
+          f"{max(fixed):.2g} re-rotated")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_deeper_caches_are_refused_and_a_fresh_prefill_at_the_switch_is_exact(kind):
+    model = _tiny(kind)
+    with pytest.raises(ValueError, match="layer 1's keys and values were computed from"):
+        _decode(model, IDS, START, "rerotate")
+    stale = _decode(model, IDS, START, "stale")
+    approx = _decode(model, IDS, START, "approximate")
+    exact = _decode(model, IDS, START, "prefill")
+    assert min(stale[4:]) > 10 * EXACT and max(exact) < EXACT, (stale, exact)
+    assert max(approx[4:]) < max(stale[4:]) / 3  # closer, never exact
+    assert min(approx[4:]) > EXACT
+    print(
+        f"{kind}, 2 layers: worst gap past the switch {max(stale[4:]):.2g} stale, "
+        f"{max(approx[4:]):.2g} re-rotated (approximate), {max(exact):.2g} re-prefilled"
+    )
+
+
+def test_longrope_changes_schedule_once_and_dynamic_ntk_at_every_step():
+    phi, llama = _tiny("longrope").config, _tiny("dynamic").config
+    steps = range(ORIGINAL - 3, ORIGINAL + 5)
+    assert [t for t in steps if hf.schedule_changes(phi, t, t + 1)] == [ORIGINAL]
+    assert [t for t in steps if hf.schedule_changes(llama, t, t + 1)] == list(range(ORIGINAL, 21))
+
+
+def test_caches_without_every_key_or_not_caches_are_refused():
+    model = _tiny("longrope", layers=1)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.ones(1, 5, dtype=torch.long), cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="layer 0 holds 5 keys but from_length is 6"):
+        hf.rerotate_cache(model.config, cache, from_length=6, to_length=40)
+    with pytest.raises(ValueError, match="cache must be a transformers Cache"):
+        hf.rerotate_cache(model.config, object(), from_length=5, to_length=6)
+    assert hf.rerotate_cache(model.config, cache, from_length=5, to_length=6) == 0  # no change
+    assert hf.rerotate_cache(model.config, cache, from_length=5, to_length=40) == 1
