@@ -209,3 +209,59 @@ def test_patch_positions_orders_and_class_tokens():
     assert torch.isnan(xy[0]).all() and xy[1:].tolist() == [
         [1, 1], [2, 1], [3, 1], [1, 2], [2, 2], [3, 2]
     ]  # fmt: skip
+
+
+def test_mixed_frequencies_with_gqa_batched_positions_and_unrotated_tokens():
+    torch.manual_seed(3)
+    rope = AxialRotaryEmbedding(16, frequencies="mixed", heads=2).double()
+    q, k = torch.randn(2, 6, 5, 16, dtype=F64), torch.randn(2, 2, 5, 16, dtype=F64)
+    pos = torch.rand(2, 5, 2, dtype=F64) * 4
+    pos[1, 0] = float("nan")  # the second sequence's first token is a class token
+    oq, ok = rope(q, k, pos)
+    torch.testing.assert_close(oq[1, :, 0], q[1, :, 0], rtol=0, atol=0)
+    for b in range(2):  # each sequence as if alone; query head j uses key head j // 3
+        one_q, one_k = rope(q[b : b + 1], k[b : b + 1], pos[b])
+        torch.testing.assert_close(oq[b : b + 1], one_q, rtol=0, atol=1e-15)
+        torch.testing.assert_close(ok[b : b + 1], one_k, rtol=0, atol=1e-15)
+        for j in range(6):
+            alone, _ = rope(q[b : b + 1, j : j + 1].expand(1, 2, 5, 16), k[b : b + 1], pos[b])
+            torch.testing.assert_close(oq[b, j], alone[0, j // 3], rtol=0, atol=1e-15)
+    half = AxialRotaryEmbedding(16, frequencies="mixed", heads=2).to(torch.bfloat16)
+    with torch.no_grad():
+        half.mixed.copy_(rope.mixed)  # bfloat16 frequencies, yet float64 angles from them
+    angle = half.cos_sin(pos, F64)[0]
+    exact = AxialRotaryEmbedding(16, frequencies="mixed", heads=2).double()
+    with torch.no_grad():
+        exact.mixed.copy_(half.mixed.double())
+    torch.testing.assert_close(angle, exact.cos_sin(pos, F64)[0], rtol=0, atol=1e-12)
+
+
+def test_chunks_with_batched_positions_rotate_each_sequence_by_its_own():
+    rope = AxialRotaryEmbedding(24, order="chunks", split=(4, 8))
+    q, k = torch.randn(2, 2, 6, 24), torch.randn(2, 1, 6, 24)
+    pos = torch.stack((_grid(2, 3).reshape(-1, 2), _grid(3, 2).reshape(-1, 2))).float()
+    oq, ok = rope(q, k, pos)
+    for b in range(2):
+        one_q, one_k = rope(q[b : b + 1], k[b : b + 1], pos[b])
+        assert_close(oq[b : b + 1], one_q, torch.float32)
+        assert_close(ok[b : b + 1], one_k, torch.float32)
+    # Channels 0-7 are the first axis's slice: rotate-half within it, untouched by the second.
+    only_rows = pos.clone()
+    only_rows[..., 1] = 0
+    a, _ = rope(q, k, only_rows)
+    torch.testing.assert_close(a[..., 8:], q[..., 8:], rtol=0, atol=0)
+
+
+def test_settings_that_do_not_apply_or_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="split and order do not apply"):
+        AxialRotaryEmbedding(32, frequencies="mixed", heads=2, split=(8, 8))
+    with pytest.raises(ValueError, match="heads=2 with frequencies 'per_axis'"):
+        AxialRotaryEmbedding(32, heads=2)
+    with pytest.raises(ValueError, match="coordinates must name each of the 2 axes"):
+        AxialRotaryEmbedding(32, coordinates=("a", "b", "c"))
+    with pytest.raises(ValueError, match="start must be an integer"):
+        AxialRotaryEmbedding(32, start=1.7)
+    with pytest.raises(ValueError, match="axes must be 2 or 3"):
+        posemb.axial.mixed_init(32, heads=1, axes=1, base=10.0)
+    # Three axes with mixed frequencies need no equal split of pairs.
+    assert AxialRotaryEmbedding(64, axes=3, frequencies="mixed", heads=2).mixed.shape == (2, 32, 3)

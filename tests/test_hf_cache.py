@@ -101,6 +101,24 @@ def test_longrope_changes_schedule_once_and_dynamic_ntk_at_every_step():
     assert [t for t in steps if hf.schedule_changes(llama, t, t + 1)] == list(range(ORIGINAL, 21))
 
 
+def test_a_layer_after_the_switch_is_stale_even_when_its_own_rope_is_unchanged():
+    """Layer 1 rotates nothing (NoPE), yet its keys come from what layer 0 attended."""
+    config = transformers.Llama4TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=ORIGINAL, no_rope_layers=[1, 0],
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+    )  # fmt: skip
+    keys = [torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)]
+    cache = type("Cache", (), {"layers": [type("L", (), {"keys": k})() for k in keys]})()
+    with pytest.raises(ValueError, match="layer 1's keys and values were computed from"):
+        hf.rerotate_cache(config, cache, from_length=20, to_length=21)
+    assert hf.rerotate_cache(config, cache, from_length=20, to_length=21, approximate=True) == 1
+    torch.testing.assert_close(cache.layers[1].keys, keys[1], rtol=0, atol=0)  # NoPE: untouched
+    with pytest.raises(ValueError, match="from_length must be a positive integer"):
+        hf.schedule_changes(config, -5, 3)
+
+
 def test_caches_without_every_key_or_not_caches_are_refused():
     model = _tiny("longrope", layers=1)
     cache = transformers.DynamicCache(config=model.config)

@@ -79,3 +79,35 @@ def test_inspect_vision_prints_the_preset_and_its_json(capsys):
     assert main(["inspect", path, "--vision", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["order"] == "chunks" and report["coordinates"] == ["x", "y"]
+
+
+@pytest.mark.parametrize(
+    ("cls_name", "preset"),
+    [
+        ("Qwen2VLConfig", "qwen2_vl"),
+        ("Qwen2_5_VLConfig", "qwen2_5_vl"),
+        ("Qwen3VLConfig", "qwen3_vl"),
+        ("Qwen3VLMoeConfig", "qwen3_vl"),
+        ("Qwen3_5Config", "qwen3_5"),
+        ("Qwen3_5MoeConfig", "qwen3_5"),
+        ("Glm4vConfig", "glm4v"),
+        ("Glm4vMoeConfig", "glm4v"),
+        ("Llama4Config", "llama4"),
+    ],
+)
+def test_transformers_own_config_objects_name_their_towers(cls_name, preset):
+    """transformers' classes call their towers "<model>_vision", as the files they save do."""
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, cls_name)()
+    r = hf.vision_report(config)
+    assert r["preset"] == preset
+    rebuilt = hf.vision_report(config.to_dict())
+    assert rebuilt == r
+
+
+def test_a_scaled_vision_rope_is_refused_not_guessed():
+    data = json.loads((DATA / "gemma4__gemma-4-e2b-it.json").read_text())
+    data["vision_config"]["rope_parameters"] = {"rope_type": "linear", "factor": 2.0,
+                                                "rope_theta": 100.0}  # fmt: skip
+    with pytest.raises(ValueError, match="rope_type 'linear'"):
+        hf.vision_report(data)

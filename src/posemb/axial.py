@@ -140,12 +140,16 @@ def mixed_init(head_dim: int, heads: int, axes: int, base: float) -> torch.Tenso
     2, axes)``.
 
     The head's magnitudes are ``base^(-4i / head_dim)`` for i < head_dim / 4, each used twice:
-    pair i points along a random direction φ of the head, pair i + head_dim / 4 along φ + π/2
-    (for 3 axes the third component is 0: time starts unmixed). The paper uses base 10.
+    pair i points along a random direction φ of the head, pair i + head_dim / 4 along φ + π/2.
+    The paper mixes two axes; for 3 the time component starts at 0 (time is not encoded until
+    training moves it). The paper uses base 10.
     """
     quarter = head_dim // 4
     if quarter < 1 or head_dim % 4:
         raise InputError(f"frequencies 'mixed' needs head_dim divisible by 4, got {head_dim}")
+    heads = _checks.positive_int("heads", heads)
+    if axes not in (2, 3):
+        raise InputError(f"axes must be 2 or 3, got {axes!r}")
     mag = base ** (-4.0 * torch.arange(quarter, dtype=torch.float64) / head_dim)
     phi = torch.rand(heads, 1, dtype=torch.float64) * 2 * math.pi
     direction = torch.cat((phi.expand(heads, quarter), phi.expand(heads, quarter) + math.pi / 2), 1)
@@ -184,7 +188,8 @@ class AxialRotaryEmbedding(nn.Module):
         backend: as in :class:`~posemb.RotaryEmbedding`; learned ("mixed") frequencies always
             rotate in plain PyTorch, as their tables need gradients.
         frequencies: "per_axis", "shared" (see :class:`AxialLayout`) or "mixed" (learned,
-            per key head: RoPE-Mixed).
+            per key head: RoPE-Mixed; split and order do not apply, and the paper's base is
+            10, not this default).
         heads: key heads, for "mixed" (query heads share their key head's frequencies).
         coordinates: names of the coordinate columns, for :meth:`grid`; default ("h", "w")
             or ("t", "h", "w").
@@ -211,7 +216,13 @@ class AxialRotaryEmbedding(nn.Module):
             raise InputError(f"axes must be 2 or 3, got {axes!r}")
         self.axes = axes
         self.base = _checks.base(base)
-        self.split = _split(head_dim // 2, axes, split)
+        if frequencies == "mixed" and (split is not None or order != "blocks"):
+            raise InputError(
+                f"frequencies 'mixed' turn every pair by every axis: split and order do not "
+                f"apply, got split={split!r}, order={order!r}"
+            )
+        pairs_ = head_dim // 2
+        self.split = (pairs_,) if frequencies == "mixed" else _split(pairs_, axes, split)
         if order not in ORDERS:
             raise InputError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         if frequencies not in FREQUENCIES:
@@ -232,7 +243,11 @@ class AxialRotaryEmbedding(nn.Module):
             )
         self.backend = backend
         self.coordinates = tuple(coordinates or (("h", "w") if axes == 2 else ("t", "h", "w")))
-        self.start = int(start)
+        if len(self.coordinates) != axes or len(set(self.coordinates)) != axes:
+            raise InputError(
+                f"coordinates must name each of the {axes} axes once, got {coordinates!r}"
+            )
+        self.start = _checks.nonnegative_int("start", start)
         self.mixed: nn.Parameter | None = None
         if frequencies == "mixed":
             if backend in ("cpu", "triton"):
@@ -240,10 +255,18 @@ class AxialRotaryEmbedding(nn.Module):
                     f"backend {backend!r} cannot learn frequencies (the fused ops treat their "
                     f"tables as constants); use 'auto' or 'reference' with frequencies 'mixed'"
                 )
+            if heads is None:
+                raise InputError(
+                    "frequencies 'mixed' learns frequencies per key head: give heads, the "
+                    "number of key heads"
+                )
             n = _checks.positive_int("heads", heads)
             self.mixed = nn.Parameter(mixed_init(self.head_dim, n, axes, self.base).float())
         elif heads is not None:
-            raise InputError("heads is for frequencies 'mixed' (per-head learned frequencies)")
+            raise InputError(
+                f"heads is for frequencies 'mixed' (per-head learned frequencies), got "
+                f"heads={heads!r} with frequencies {frequencies!r}"
+            )
 
     @classmethod
     def preset(
@@ -314,7 +337,9 @@ class AxialRotaryEmbedding(nn.Module):
         unrotated = torch.isnan(coords).any(-1, keepdim=True)
         coords = coords.nan_to_num(0.0)
         if self.mixed is not None:
-            angle = torch.einsum("...sa,hpa->...hsp", coords.to(self.mixed), self.mixed)
+            # float64 angles whatever the parameter's dtype: a bfloat16 copy of the module
+            # would otherwise round coordinates and products too.
+            angle = torch.einsum("...sa,hpa->...hsp", coords, self.mixed.double())
             unrotated = unrotated.unsqueeze(-3)
         else:
             axis, freq = self.pair_axes()
@@ -389,6 +414,11 @@ class AxialRotaryEmbedding(nn.Module):
         return turn(q, qc, qs), turn(k, cos, sin)
 
     def extra_repr(self) -> str:
+        if self.mixed is not None:
+            return (
+                f"head_dim={self.head_dim}, axes={self.axes}, base={self.base:g}, "
+                f"frequencies='mixed', heads={self.mixed.shape[0]}, layout={self.layout.value}"
+            )
         return (
             f"head_dim={self.head_dim}, axes={self.axes}, base={self.base:g}, "
             f"split={self.split}, order={self.order!r}, frequencies={self.frequencies!r}, "

@@ -10,6 +10,14 @@ rotated with (transformers PR #33129, llama.cpp #8995 and onnxruntime-genai #116
 bug). :class:`RotatedKVCache` does both with :meth:`posemb.RotaryEmbedding.rerotate`: the
 difference of two float64 angles per pair, applied once, never a composition of rounded
 tables.
+
+That makes one layer's cache exact. In a model of several layers the keys and values of
+every later layer were computed from hidden states that the layers before attended with the
+old positions or schedule (and, after an eviction, with the evicted tokens); no rotation
+changes that. StreamingLLM accepts it for eviction by design; for a schedule switch the exact
+remedy is a fresh prefill at the switch (:func:`posemb.hf.schedule_changes`), and
+:func:`posemb.hf.rerotate_cache` refuses a transformers cache that re-rotation cannot make
+exact unless asked to approximate.
 """
 
 from __future__ import annotations

@@ -103,3 +103,14 @@ def test_the_learner_pictures_are_drawn(built):
     assert screen_of["fig-where-rope-acts"] == 7 and screen_of["fig-rope-decay"] == 7
     # The scalings come after pairs and frequencies are explained (screens 5 and 6).
     assert screen_of["fig-scaling"] == 7
+
+
+def test_a_control_cannot_take_the_id_of_its_figures_view():
+    from posemb.lesson.registry import Control, make_figure
+
+    with pytest.raises(ValueError, match="not fig-x-view"):
+        make_figure(
+            "fig-x", 1, "t", "text", "call", "alt", kind="vega",
+            draw=lambda v: ({}, v),
+            controls=[Control("fig-x-view", "which", "toggle", ("a", "b"), 0)],
+        )  # fmt: skip

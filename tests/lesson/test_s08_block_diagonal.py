@@ -51,3 +51,42 @@ def test_figures_follow_the_library_not_typed_numbers(monkeypatch):
     assert before.states[key] != after.states[key]
     assert before.readouts[key] != after.readouts[key]
     assert f"{2 * 2 * math.pi:.6f}" in after.readouts[key]
+
+
+def _logit(a, b, rope):
+    x = torch.ones(1, 1, 1, 32, dtype=F64) / math.sqrt(32)
+    qa, _ = rope(x, x, torch.tensor([a], dtype=F64))
+    kb, _ = rope(x, x, torch.tensor([b], dtype=F64))
+    return float((qa * kb).sum())
+
+
+def test_the_axial_grid_draws_posembs_axial_rope_and_the_flattened_contrast(by_id):
+    fig = by_id["fig-axial-grid"]
+    assert len(fig.states) == len(s08.GRID_QUERIES) * len(s08.GRID_VIEWS) == 6
+    rope = posemb.AxialRotaryEmbedding(32, base=100.0)
+    last, first_next = (2, s08.GRID - 1), (3, 0)
+    axial = fig.readouts[f"{s08.GRID_QUERIES[0]}|{s08.GRID_VIEWS[0]}"]
+    assert "by 0.0e+00" in axial
+    assert f"{_logit(last, first_next, rope):.3f}" in axial
+    assert f"{_logit(last, (2, s08.GRID - 2), rope):.3f}" in axial
+    assert _logit(last, first_next, rope) < _logit(last, (2, s08.GRID - 2), rope)  # "below"
+    flat = fig.readouts[f"{s08.GRID_QUERIES[0]}|{s08.GRID_VIEWS[1]}"]
+    assert "flattening made them neighbours" in flat
+    for key, readout in fig.readouts.items():  # every query: the same map, offset for offset
+        spread = float(readout.split(" by ")[1].split(";")[0].split(",")[0])
+        assert spread < 1e-12, (key, readout)
+
+
+def test_the_axial_grid_follows_the_library(monkeypatch):
+    before = figures.build_figure("fig-axial-grid")
+
+    def rows_only(self):  # every pair turned by the row: columns no longer count
+        axis, freq = real(self)
+        return torch.zeros_like(axis), freq
+
+    real = posemb.AxialRotaryEmbedding.pair_axes
+    monkeypatch.setattr(posemb.AxialRotaryEmbedding, "pair_axes", rows_only)
+    after = figures.build_figure("fig-axial-grid")
+    key = f"{s08.GRID_QUERIES[0]}|{s08.GRID_VIEWS[0]}"
+    assert before.readouts[key] != after.readouts[key]
+    assert before.states[key] != after.states[key]

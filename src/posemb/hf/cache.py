@@ -7,14 +7,17 @@ while the keys cached before the switch keep the short ones, so cached decoding 
 with a fresh prefill of the same tokens (transformers PR #33129, llama.cpp #8995 and
 onnxruntime-genai #1161 are this bug). :func:`rerotate_cache` turns each cached key from the
 schedule of one length to that of another, with the angle difference formed in float64
-(:meth:`posemb.RotaryEmbedding.rerotate`), so the cache is what a fresh prefill would have
-written.
+(:meth:`posemb.RotaryEmbedding.rerotate`). That makes the first changed layer's keys what a
+fresh prefill writes; every later layer's keys and values were computed from what the layers
+before attended under the old schedule, which no rotation undoes, so a deeper cache is refused
+unless asked to approximate, and :func:`schedule_changes` says when a fresh prefill is due.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _checks
 from .._errors import InputError
 from ..rope import RotaryEmbedding
 from .config import model_rope
@@ -50,6 +53,11 @@ def _module(spec: RopeSpec) -> RotaryEmbedding:
     )  # fmt: skip
 
 
+def _holds_keys(layer: object) -> bool:
+    keys = getattr(layer, "keys", None)
+    return isinstance(keys, torch.Tensor) and keys.numel() > 0
+
+
 def _changes(rope: RotaryEmbedding, from_length: int, to_length: int) -> bool:
     inv_a, fa = rope.schedule(from_length)
     inv_b, fb = rope.schedule(to_length)
@@ -74,6 +82,8 @@ def schedule_changes(config: object, from_length: int, to_length: int) -> bool:
     fresh prefill), which is what transformers' Phi-3 ``generate`` does; :func:`rerotate_cache`
     is the cheap one, exact only for a model with one rotating layer.
     """
+    from_length = _checks.positive_int("from_length", from_length)
+    to_length = _checks.positive_int("to_length", to_length)
     mr = model_rope(config)
     rotating = [k.spec for k in mr.kinds if k.spec is not None]
     return any(_changes(_module(spec), from_length, to_length) for spec in rotating)
@@ -98,9 +108,10 @@ def rerotate_cache(
     Only the first layer whose schedule changed comes out as a fresh prefill would write it.
     The keys and values of every later layer were computed from hidden states that the layers
     before attended under the old schedule, and no rotation changes that: on a 2-layer Phi-3
-    with LongRoPE (tests/test_hf_cache.py), re-rotating cut the worst logit gap past the switch from 5.5e-3 to 9.5e-4,
-    not to 0. So a cache with more than one such layer is refused unless ``approximate=True``
-    says that is wanted; the exact remedy is a fresh prefill (see :func:`schedule_changes`).
+    with LongRoPE (tests/test_hf_cache.py), re-rotating cut the worst logit gap past the
+    switch from 5.5e-3 to 9.5e-4, not to 0. So a cache with keys in any layer after the first
+    changed one is refused unless ``approximate=True`` says that is wanted; the exact remedy
+    is a fresh prefill (see :func:`schedule_changes`).
 
     Args:
         config: the model's config (``model.config``, or a config.json dict).
@@ -114,7 +125,8 @@ def rerotate_cache(
         How many layers' keys were re-rotated.
 
     Raises:
-        ValueError: more than one layer's schedule changes (without ``approximate``), a layer
+        ValueError: a layer after the first whose schedule changes holds keys (without
+            ``approximate``), a length that is not a positive integer, a layer
             keeps another number of keys than ``from_length`` (a sliding window), a
             multimodal RoPE, or a config whose layers' kinds are not listed.
     """
@@ -123,10 +135,17 @@ def rerotate_cache(
         raise InputError(
             f"cache must be a transformers Cache with .layers, got {type(cache).__name__}"
         )
+    from_length = _checks.positive_int("from_length", from_length)
+    to_length = _checks.positive_int("to_length", to_length)
     changed = _changed_layers(config, len(layers), from_length, to_length)
-    if len(changed) > 1 and not approximate:
+    # Every layer after the first changed one read hidden states attended under the old
+    # schedule, whether or not its own RoPE changed (a NoPE layer included).
+    later = (
+        [j for j in range(changed[0] + 1, len(layers)) if _holds_keys(layers[j])] if changed else []
+    )
+    if later and not approximate:
         raise InputError(
-            f"the schedule changes in layers {changed}: layer {changed[1]}'s keys and values "
+            f"the schedule changes in layer {changed[0]}: layer {later[0]}'s keys and values "
             f"were computed from what layer {changed[0]} attended under the old schedule, so "
             f"re-rotating cannot make them what a fresh prefill writes; run the forward "
             f"without the cache over all {to_length} tokens (exact), or pass "

@@ -4,7 +4,9 @@ A multimodal ``config.json`` nests its image encoder under ``vision_config``. To
 their patches (Qwen2-VL to Qwen3.5, GLM-4V, EXAONE 4.5, Pixtral, Llama 4, Gemma 4) map to a
 preset of :class:`posemb.AxialRotaryEmbedding` (each tested against the transformers module it
 names); towers with absolute position embeddings (SigLIP, CLIP, Mllama) are reported as having
-no RoPE; any other tower is refused by name, never guessed.
+no RoPE; any other tower is refused by name, never guessed. Several RoPE towers also add a
+learned absolute embedding to their patches before the first layer (Qwen3-VL, Qwen3.5,
+GLM-4.1V, Llama 4, Gemma 4); that is a weight of the model, outside what this module reads.
 
 The tower is read through ``transformers``' config class for the model (the ``hf`` extra): the
 vision blocks of published files leave head counts and bases to their class defaults, and
@@ -22,10 +24,11 @@ from .._errors import InputError
 from ..axial import PRESETS, AxialRotaryEmbedding
 
 # Vision model_type (or the outer model_type, where the block names none) -> axial preset.
-ROPE_TOWERS: dict[str, str] = {
+# Published files name the Qwen and GLM towers after the model; transformers' own config
+# classes (and the files they save) add "_vision".
+_BY_MODEL = {
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
-    "qwen2_5_omni": "qwen2_5_vl",
     "qwen3_vl": "qwen3_vl",
     "qwen3_vl_moe": "qwen3_vl",
     "qwen3_5": "qwen3_5",
@@ -33,12 +36,14 @@ ROPE_TOWERS: dict[str, str] = {
     "glm4v": "glm4v",
     "glm4v_moe": "glm4v",
     "exaone4_5": "exaone4_5",
-    "exaone4_5_vision": "exaone4_5",
-    "pixtral": "pixtral",
     "llama4": "llama4",
-    "llama4_vision_model": "llama4",
     "gemma4": "gemma4",
-    "gemma4_vision": "gemma4",
+}
+ROPE_TOWERS: dict[str, str] = {
+    **_BY_MODEL,
+    **{f"{name}_vision": preset for name, preset in _BY_MODEL.items()},
+    "llama4_vision_model": "llama4",
+    "pixtral": "pixtral",
 }
 
 # Towers that add position embeddings to their patches instead of rotating them.
@@ -129,7 +134,14 @@ def vision_report(config: object) -> VisionReport:
     heads = int(getattr(v, "num_attention_heads", None) or v.num_heads)
     width = getattr(v, "embed_dim", None) or v.hidden_size  # Qwen2-VL: hidden_size is the merger's
     head_dim = int(getattr(v, "head_dim", None) or width // heads)
-    base = float(v.rope_parameters["rope_theta"])
+    params = getattr(v, "rope_parameters", None) or {}
+    kind = params.get("rope_type", "default")
+    if kind not in ("default", "axial"):
+        raise InputError(
+            f"the vision tower {tower!r} of {outer!r} has rope_type {kind!r}; its presets are "
+            f"plain axial RoPE ('default' or 'axial'), and posemb does not guess a scaled one"
+        )
+    base = float(params["rope_theta"])
     name = ROPE_TOWERS[tower]
     rope = AxialRotaryEmbedding.preset(name, head_dim, base=base)
     p = PRESETS[name]

@@ -272,6 +272,10 @@ def make_figure(
     The four texts come first, in the order a reader meets them (title, caption text, the posemb
     call that made the data, the alt text); what makes the figure is passed by name.
     """
+    ids = [c.id for c in controls]
+    # The page gives the figure's view the id f"{id}-view"; an element id must be unique.
+    if len(set(ids)) != len(ids) or f"{id}-view" in ids:
+        raise InputError(f"{id}: control ids must be unique and not {id}-view, got {ids}")
     states: dict[str, object] = {}
     readouts: dict[str, str] = {}
     for combo in itertools.product(*(c.values for c in controls)):

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ... import freqs, rope
+from ...axial import AxialRotaryEmbedding, patch_positions
 from ...freqs import cos_sin, inv_freq
 from ...rope import Layout, apply_rope, rope_complex, rotation_matrix
 from .. import charts, measure
@@ -41,6 +42,13 @@ SCREEN = screen(
         "other.",
         "The fastest pair turns once every 2 pi = 6.28 tokens (1 radian per token), not "
         "once every 2; the slowest, at d = 768, once every 61,343 tokens, not 10,000.",
+        "Nothing forces every block to read the same number. A vision transformer cuts an "
+        "image into patches and gives half the blocks a patch's row and the other half its "
+        "column (axial RoPE, as in Qwen2-VL, Pixtral and Llama 4's vision towers). Then a "
+        "logit depends on how far apart two patches are down and how far across, each in its "
+        "own blocks. Numbering the patches along the flattened rows instead scores by distance "
+        "along that line: the last patch of a row looks adjacent to the first of the next, "
+        "and the patch directly below looks a whole row away.",
     ),
     maths=(
         r"R_m = \operatorname{diag}\big(R_m^{(0)}, \dots, R_m^{(d/2-1)}\big),\quad "
@@ -440,4 +448,124 @@ def _two_steps() -> str:
     return (
         f"{turned:.1f}°, under a third of a turn: the fastest pair turns 1 radian per step, so "
         "a full turn takes 2·pi = 6.28 steps."
+    )
+
+
+GRID = 9
+"""Patches per side of the axial figure's image."""
+
+GRID_QUERIES = ("row 2, column 2", "row 4, column 6", "row 7, column 3")
+GRID_VIEWS = ("axial: row and column", "1D: position along the flattened rows")
+
+
+def _grid_logits(query: tuple[int, int], view: str) -> torch.Tensor:
+    """The logit of one query vector at ``query`` against the same vector as a key at every
+    patch of the grid: ``(GRID, GRID)``, float64."""
+    d = 32
+    x = torch.ones(1, 1, 1, d, dtype=F64) / math.sqrt(d)
+    grid = patch_positions(GRID, GRID)
+    if view == GRID_VIEWS[0]:
+        rope_ = AxialRotaryEmbedding(d, base=100.0, backend="reference")
+        q, _ = rope_(x, x, torch.tensor([query], dtype=F64))
+        keys = x.expand(1, 1, GRID * GRID, d)
+        k, _ = rope_(keys, keys, grid)
+    else:
+        theta = inv_freq(d, 100.0, dtype=F64)
+        flat = grid[:, 0] * GRID + grid[:, 1]
+        c, s_ = cos_sin(torch.tensor([query[0] * GRID + query[1]]), theta, dtype=F64)
+        q = apply_rope(x, c, s_)
+        c, s_ = cos_sin(flat.long(), theta, dtype=F64)
+        k = apply_rope(x.expand(1, 1, GRID * GRID, d), c, s_)
+    return (q[0, 0] @ k[0, 0].T).reshape(GRID, GRID)
+
+
+def _query_at(label: str) -> tuple[int, int]:
+    row, col = label.replace("row ", "").replace("column ", "").split(", ")
+    return int(row), int(col)
+
+
+def _same_offsets(a: torch.Tensor, qa: tuple[int, int], b: torch.Tensor, qb: tuple[int, int]):
+    """Largest difference of two logit maps at every offset (down, across) both contain."""
+    worst = 0.0
+    for dr in range(-GRID + 1, GRID):
+        for dc in range(-GRID + 1, GRID):
+            ra, ca, rb, cb = qa[0] + dr, qa[1] + dc, qb[0] + dr, qb[1] + dc
+            if 0 <= ra < GRID and 0 <= ca < GRID and 0 <= rb < GRID and 0 <= cb < GRID:
+                worst = max(worst, abs(float(a[ra, ca] - b[rb, cb])))
+    return worst
+
+
+def _grid_readout(query: tuple[int, int], view: str, logits: torch.Tensor) -> str:
+    first = _query_at(GRID_QUERIES[0])
+    spread = _same_offsets(logits, query, _grid_logits(first, view), first)
+    # In raster order the last patch of a row and the first of the next are neighbours.
+    row = min(query[0], GRID - 2)
+    end = _grid_logits((row, GRID - 1), view)
+    left, wrapped = float(end[row, GRID - 2]), float(end[row + 1, 0])
+    same = f"offset for offset, this map differs from the one around {first} by {spread:.1e}"
+    if view == GRID_VIEWS[0]:
+        return (
+            f"{same}; the last patch of row {row} scores the first of row {row + 1} "
+            f"{wrapped:.3f}, well below its left-hand neighbour ({left:.3f})"
+        )
+    return (
+        f"{same}, but the last patch of row {row} scores the first of row {row + 1} "
+        f"{wrapped:.3f}, as high as its left-hand neighbour ({left:.3f}): flattening made "
+        f"them neighbours"
+    )
+
+
+@figure("fig-axial-grid")
+def fig_axial_grid(summary: dict[str, Any]) -> Figure:
+    """Logits of one query patch against every patch of a 9 x 9 image, axial or flattened."""
+
+    def draw(where: str, view: str) -> tuple[object, str]:
+        query = _query_at(where)
+        logits = _grid_logits(query, view)
+        rows = [
+            {"row": r, "column": c, "logit": charts.rounded(float(logits[r, c])),
+             "query": (r, c) == query}
+            for r in range(GRID) for c in range(GRID)
+        ]  # fmt: skip
+        cells = alt.Chart().mark_rect(aria=False).encode(
+            x=alt.X("column:O", title="column"),
+            y=alt.Y("row:O", title="row"),
+            color=alt.Color(
+                "logit:Q", title="logit",
+                scale=alt.Scale(scheme="blueorange", domain=[-1, 1]),
+            ),
+            tooltip=["row:O", "column:O", alt.Tooltip("logit:Q", format=".3f")],
+        )  # fmt: skip
+        marker = (
+            alt.Chart()
+            .mark_point(aria=False, shape="cross", size=160, filled=True, color="black")
+            .encode(x="column:O", y="row:O")
+            .transform_filter("datum.query")
+        )
+        chart = alt.layer(cells, marker, data=charts.rows_source()).properties(
+            width=300, height=300
+        )
+        return charts.spec(chart, rows), _grid_readout(query, view, logits)
+
+    return make_figure(
+        "fig-axial-grid",
+        SCREEN,
+        "RoPE on an image: blocks turned by row and by column",
+        f"A {GRID} x {GRID} grid of image patches. One query vector sits at the cross; each "
+        "cell is its logit with the same vector as a key at that patch (head_dim 32, base "
+        "100). Axial RoPE turns 8 pairs by the row and 8 by the column, so the peak is round: "
+        "a patch one step down scores like a patch one step across. Numbering the patches "
+        "along the flattened rows instead (1D RoPE) gives stripes: the end of one row scores "
+        "the start of the next as a neighbour, and the patch below scores as 9 steps away. "
+        "Both patterns move with the query unchanged; they differ in what counts as near.",
+        "posemb.AxialRotaryEmbedding(32, base=100.0)(q, k, posemb.axial.patch_positions(9, 9))",
+        "A 9 by 9 heat map with a cross on the query patch. Axial: an orange peak centred on "
+        "the cross, the same shape wherever the cross is. 1D: horizontal bands that wrap "
+        "from one row's end to the next row's start.",
+        kind="vega",
+        draw=draw,
+        controls=[
+            Control("fig-axial-grid-query", "query patch", "slider", GRID_QUERIES, 0),
+            Control("fig-axial-grid-positions", "positions", "toggle", GRID_VIEWS, 0),
+        ],
     )
