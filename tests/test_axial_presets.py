@@ -159,3 +159,27 @@ def test_the_pixtral_preset_from_a_published_config():
     cos, sin = m.PixtralVisionRotaryEmbedding(config)(q, pos.long())
     tq, tk = m.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
     within_rounding(ours(q, k, pos), (tq, tk), 12.0, torch.cat((q, k)), f"pixtral head_dim {d}")
+
+
+def test_grid_with_merge_is_the_token_order_transformers_gives_the_qwen_towers():
+    from transformers.vision_utils import get_vision_position_ids
+
+    rope = AxialRotaryEmbedding.preset("qwen2_5_vl", 80)
+    for h, w in ((4, 6), (8, 2)):
+        theirs = get_vision_position_ids(torch.tensor([[1, h, w]]), 2)
+        assert torch.equal(rope.grid(h, w, merge=2).long(), theirs)
+    with pytest.raises(ValueError, match="merge 2 must divide"):
+        rope.grid(3, 4, merge=2)
+
+
+def test_gemma4_grid_is_the_image_processors_position_ids():
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("PIL")
+    from transformers.models.gemma4 import image_processing_pil_gemma4 as m
+
+    image = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    out = m.Gemma4ImageProcessorPil()(images=[image], do_resize=False, return_tensors="pt")
+    ids = out["image_position_ids"][0]  # (x, y) per patch, then (-1, -1) padding
+    grid = AxialRotaryEmbedding.preset("gemma4", 64).grid(48 // 16, 64 // 16)
+    assert torch.equal(ids[: len(grid)].long(), grid.long())
+    assert (ids[len(grid) :] == -1).all()

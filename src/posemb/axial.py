@@ -108,27 +108,39 @@ def patch_positions(
     coordinates: tuple[str, ...] = ("h", "w"),
     start: int = 0,
     cls: str | None = None,
+    merge: int = 1,
 ) -> torch.Tensor:
-    """Coordinates of a ``height`` x ``width`` grid of patches in row-major order.
+    """Coordinates of a ``height`` x ``width`` grid of patches, in row-major order (or
+    block-major over ``merge`` x ``merge`` blocks, the token order of the Qwen and GLM towers,
+    whose merger joins each block into one token).
 
     Args:
-        height, width: patches per column and per row.
+        height: patches per column.
+        width: patches per row.
         coordinates: the column order, ("h", "w") or ("x", "y") (x is the column index).
         start: the first patch's coordinate on each axis.
         cls: "first" or "last" adds one token with NaN coordinates (left unrotated) there.
+        merge: side of the blocks the tokens are ordered by (1: plain row-major); it must
+            divide height and width.
 
     Returns:
         ``(height * width [+ 1], 2)`` float64 coordinates.
     """
     height = _checks.positive_int("height", height)
     width = _checks.positive_int("width", width)
+    merge = _checks.positive_int("merge", merge)
+    if height % merge or width % merge:
+        raise InputError(
+            f"merge {merge} must divide height and width, got height={height}, width={width}"
+        )
     if tuple(coordinates) not in (("h", "w"), ("x", "y")):
         raise InputError(f"coordinates must be ('h', 'w') or ('x', 'y'), got {coordinates!r}")
     if cls not in (None, "first", "last"):
         raise InputError(f"cls must be None, 'first' or 'last', got {cls!r}")
     rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
     grid = torch.stack((rows, cols) if coordinates[0] == "h" else (cols, rows), -1)
-    grid = grid.reshape(-1, 2).to(torch.float64) + start
+    blocks = grid.reshape(height // merge, merge, width // merge, merge, 2).transpose(1, 2)
+    grid = blocks.reshape(-1, 2).to(torch.float64) + start
     nan = torch.full((1, 2), float("nan"), dtype=torch.float64)
     if cls == "first":
         return torch.cat((nan, grid))
@@ -285,14 +297,14 @@ class AxialRotaryEmbedding(nn.Module):
             frequencies=p.frequencies, coordinates=p.coordinates, start=p.start,
         )  # fmt: skip
 
-    def grid(self, height: int, width: int, cls: str | None = None) -> torch.Tensor:
-        """This module's coordinates of a ``height`` x ``width`` image, patches in row-major
-        order (:func:`patch_positions` with its coordinate order and start): ``(height *
-        width [+ 1], 2)``."""
+    def grid(self, height: int, width: int, cls: str | None = None, merge: int = 1) -> torch.Tensor:
+        """This module's coordinates of a ``height`` x ``width`` image (:func:`patch_positions`
+        with its coordinate order and start; ``merge=2`` orders the tokens as the Qwen and GLM
+        towers do): ``(height * width [+ 1], 2)``."""
         if self.axes != 2:
             raise InputError("grid is for 2 axes; build 3-axis coordinates directly")
         return patch_positions(
-            height, width, coordinates=self.coordinates, start=self.start, cls=cls
+            height, width, coordinates=self.coordinates, start=self.start, cls=cls, merge=merge
         )
 
     def pair_axes(self) -> tuple[torch.Tensor, torch.Tensor]:
