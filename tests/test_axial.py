@@ -75,16 +75,17 @@ def test_the_qwen2_vl_preset_is_its_vision_rotary(head_dim):
     print(f"qwen2_vl head_dim {head_dim}: worst difference {worst:.2e}")
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("order", ["blocks", "alternate", "chunks"])
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_fused_per_token_tables_match_the_reference_forward_and_backward(backend, order):
+def test_fused_per_token_tables_match_the_reference_forward_and_backward(backend, order, layout):
     if backend == "cpu" and posemb.kernels.status()["cpu"] != "available":
         pytest.skip(posemb.kernels.status()["cpu"])
     pos = _grid(5, 4).reshape(-1, 2)
     q = torch.randn(2, 4, 20, 32, requires_grad=True)
     k = torch.randn(2, 2, 20, 32, requires_grad=True)
-    fused = AxialRotaryEmbedding(32, backend=backend, order=order)
-    plain = AxialRotaryEmbedding(32, backend="reference", order=order)
+    fused = AxialRotaryEmbedding(32, backend=backend, order=order, layout=layout)
+    plain = AxialRotaryEmbedding(32, backend="reference", order=order, layout=layout)
     a = fused(q, k, pos)
     b = plain(q.detach().double(), k.detach().double(), pos)
     assert_close(a[0], b[0], torch.float32)
