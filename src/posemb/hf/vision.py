@@ -17,7 +17,7 @@ their key names differ by family (``embed_dim`` or ``hidden_size``, ``num_heads`
 from __future__ import annotations
 
 import copy
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from .. import _extras
 from .._errors import InputError
@@ -90,7 +90,7 @@ def _towers(config: object) -> tuple[str, str, dict[str, object]]:
     return outer, tower if isinstance(tower, str) and tower else outer, d
 
 
-def _vision_config(outer: str, d: dict[str, object]) -> object:
+def _vision_config(outer: str, d: dict[str, object]) -> Any:
     transformers = _extras.require("transformers", "reading a vision tower's RoPE", "hf")
     if outer not in transformers.CONFIG_MAPPING:
         raise InputError(
@@ -130,7 +130,7 @@ def vision_report(config: object) -> VisionReport:
             f"RoPE towers: {', '.join(sorted(ROPE_TOWERS))}; towers without RoPE: "
             f"{', '.join(sorted(ABSOLUTE_TOWERS))}"
         )
-    v = _vision_config(outer, d)
+    v = _vision_config(outer, d)  # a transformers config class: its fields differ by family
     heads = int(getattr(v, "num_attention_heads", None) or v.num_heads)
     width = getattr(v, "embed_dim", None) or v.hidden_size  # Qwen2-VL: hidden_size is the merger's
     head_dim = int(getattr(v, "head_dim", None) or width // heads)
