@@ -63,7 +63,7 @@ def _logit(a, b, rope):
 def test_the_axial_grid_draws_posembs_axial_rope_and_the_flattened_contrast(by_id):
     fig = by_id["fig-axial-grid"]
     assert len(fig.states) == len(s08.GRID_QUERIES) * len(s08.GRID_VIEWS) == 6
-    rope = posemb.AxialRotaryEmbedding(32, base=100.0)
+    rope = posemb.AxialRotaryEmbedding(32, base=s08.GRID_BASE)
     last, first_next = (2, s08.GRID - 1), (3, 0)
     axial = fig.readouts[f"{s08.GRID_QUERIES[0]}|{s08.GRID_VIEWS[0]}"]
     assert "by 0.0e+00" in axial
