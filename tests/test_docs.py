@@ -218,3 +218,17 @@ def test_the_site_opens_offline_in_a_browser(site):
     ][:10]
     assert not broken, broken[:20]
     assert hits > 0
+
+
+def test_make_docs_refuses_a_site_folder_holding_a_users_files(tmp_path):
+    """mkdocs empties its --site-dir; make docs builds elsewhere and refuses such a folder
+    before building anything."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "thesis.tex").write_text("important")
+    script = ROOT / "scripts" / "build_docs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(site)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "did not write (thesis.tex)" in done.stderr, done.stderr
+    assert sorted(p.name for p in site.iterdir()) == ["thesis.tex"]

@@ -158,6 +158,17 @@ def test_convert_refuses_bad_requests_and_leaves_nothing_behind(tmp_path, capsys
         capsys,
     )
     garbage.unlink()
+    # A folder as the output, and outputs that cannot be written: refused before the input is
+    # read (an unwritable folder used to fail with a traceback once everything was converted).
+    (tmp_path / "adir").mkdir()
+    assert "is a folder" in cli_error(
+        [*base, str(tmp_path / "adir"), "--to", "half", "--num-heads", "4", "--force"], capsys
+    )
+    (tmp_path / "adir").rmdir()
+    for bad in ("/proc/posemb-x/out.safetensors", str(src / "child.safetensors")):
+        assert "cannot be written" in cli_error(
+            [*base, bad, "--to", "half", "--num-heads", "4"], capsys
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temp files
 
 

@@ -1,6 +1,7 @@
 """LabConfig: every setting checked at the door, sequences kept as tuples."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -19,12 +20,12 @@ from posemb.lab import sweep
         ({"steps": 0}, "--steps must be a positive integer, got 0"),
         ({"steps": 2.5}, "--steps must be a positive integer, got 2.5"),
         ({"steps": True}, "--steps must be a positive integer, got True"),
-        ({"width": 0}, "--width must be a positive integer, got 0"),
-        ({"layers": 0}, "--layers must be a positive integer, got 0"),
-        ({"heads": 0}, "--heads must be a positive integer, got 0"),
+        ({"width": 0}, "LabConfig.width must be a positive integer, got 0"),
+        ({"layers": 0}, "LabConfig.layers must be a positive integer, got 0"),
+        ({"heads": 0}, "LabConfig.heads must be a positive integer, got 0"),
         ({"batch": -1}, "--batch must be a positive integer, got -1"),
-        ({"eval_windows": 0}, "--eval-windows must be a positive integer, got 0"),
-        ({"checkpoint_every": 0}, "--checkpoint-every must be a positive integer, got 0"),
+        ({"eval_windows": 0}, "LabConfig.eval_windows must be a positive integer, got 0"),
+        ({"checkpoint_every": 0}, "LabConfig.checkpoint_every must be a positive integer, got 0"),
         ({"workers": 0}, "--workers must be a positive integer, got 0"),
         ({"width": 30}, "width 30 must split into 2 heads of even size"),
         ({"width": 34}, "width 34 must split into 2 heads of even size"),
@@ -37,12 +38,12 @@ from posemb.lab import sweep
         ({"seeds": (-1,)}, r"non-negative integers, got \[-1\]"),
         ({"seeds": (0, 0.5)}, r"non-negative integers, got \[0, 0.5\]"),
         ({"seeds": (0, 1, 0)}, r"--seeds must not repeat a seed, got \[0, 1, 0\]"),
-        ({"lr": -1}, "--lr must be a finite number > 0, got -1"),
-        ({"lr": 0.0}, "--lr must be a finite number > 0, got 0.0"),
-        ({"lr": float("nan")}, "--lr must be a finite number > 0, got nan"),
-        ({"lr": float("inf")}, "--lr must be a finite number > 0, got inf"),
-        ({"lr": True}, "--lr must be a finite number > 0, got True"),
-        ({"lr": "1e-3"}, "--lr must be a finite number > 0, got '1e-3'"),
+        ({"lr": -1}, "LabConfig.lr must be a finite number > 0, got -1"),
+        ({"lr": 0.0}, "LabConfig.lr must be a finite number > 0, got 0.0"),
+        ({"lr": float("nan")}, "LabConfig.lr must be a finite number > 0, got nan"),
+        ({"lr": float("inf")}, "LabConfig.lr must be a finite number > 0, got inf"),
+        ({"lr": True}, "LabConfig.lr must be a finite number > 0, got True"),
+        ({"lr": "1e-3"}, "LabConfig.lr must be a finite number > 0, got '1e-3'"),
         ({"corpus": ""}, "--corpus must be 'kjv' or a path to a UTF-8 text file, got ''"),
         ({"corpus": None}, "--corpus must be 'kjv' or a path .* got None"),
         ({"finetune_steps": -1}, "--finetune-steps must be an integer >= 0, got -1"),
@@ -55,6 +56,26 @@ from posemb.lab import sweep
 def test_config_errors(change, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(TINY, **change)
+
+
+def test_errors_name_flags_posemb_lab_has_and_retrieval_facts_only_bind_its_tasks():
+    # Was refused naming --retrieval-facts, a flag posemb lab does not have, for a run that
+    # trains no retrieval model.
+    cfg = dataclasses.replace(TINY, train_len=4, eval_lens=(4, 8), tasks=("lm",))
+    assert cfg.train_len == 4
+    with pytest.raises(
+        ValueError, match=r"--train-len 4 is too short .* LabConfig.retrieval_facts"
+    ):
+        dataclasses.replace(cfg, tasks=("lm", "retrieval"))
+    from posemb.cli import build_parser
+
+    flags = {a for act in build_parser()._subparsers._group_actions[0].choices["lab"]._actions
+             for a in act.option_strings}  # fmt: skip
+    for change in ({"width": 0}, {"lr": 0.0}, {"retrieval_facts": 99}, {"train_len": 0}):
+        with pytest.raises(ValueError) as err:
+            dataclasses.replace(TINY, **change)
+        named = re.findall(r"--[a-z-]+", str(err.value))
+        assert set(named) <= flags, f"{err.value} names a flag posemb lab does not have"
 
 
 def test_config_sequences_become_tuples_and_defaults_are_valid():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posemb import cli
-from posemb.lab import distributed, report, sweep
+from posemb.lab import distributed, sweep
 
 TINY = dataclasses.replace(
     sweep.quick_config(),
@@ -72,20 +72,17 @@ def _recording_progress(losses):
 
 
 def _record_writes(writes):
-    """Wrap the atomic writers the lab's modules use, noting each path written."""
-    from posemb.lab import checkpoints
+    """Wrap the one writer every lab file goes through (the folder's ownership rule), noting
+    each path written."""
+    from posemb._owned import OwnedFolder
 
-    for module in (sweep, report, checkpoints):
-        for name in ("atomic_write", "atomic_write_bytes"):
-            real = getattr(module, name, None)
-            if real is None:  # this module writes only the other way
-                continue
+    real = OwnedFolder.write
 
-            def wrapped(path, *a, _real=real, **k):
-                writes.append(str(path))
-                return _real(path, *a, **k)
+    def wrapped(self, rel, *a, **k):
+        writes.append(os.path.join(str(self.path), rel))
+        return real(self, rel, *a, **k)
 
-            setattr(module, name, wrapped)
+    OwnedFolder.write = wrapped
 
 
 def _rank_main(rank, world, port, out, queue):
@@ -274,7 +271,7 @@ def test_cuda_without_cuda_exits_2_with_one_line(tmp_path, capsys):
 def test_cli_presets_and_flags_reach_the_config(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(cfg, out, quiet=False):
+    def fake_run(cfg, out, quiet=False, force=False):
         seen.update(cfg=cfg, out=out)
         return None  # as a rank other than 0: nothing to print
 

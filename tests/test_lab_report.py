@@ -1,8 +1,11 @@
 """The lab's report: the compact summary of the default run that ships with posemb."""
 
+import itertools
 import json
 import math
 import os
+
+import pytest
 
 from posemb.lab import report
 
@@ -73,3 +76,114 @@ def test_mean_std_is_the_sample_deviation():
     assert report.mean_std([1.0]) == {"mean": 1.0, "std": None, "n": 1}
     got = report.mean_std([1.0, 2.0, 3.0])
     assert got["mean"] == 2.0 and got["std"] == 1.0 and got["n"] == 3
+
+
+RACE_ENTRANTS = ("rope", "rope+pi", "rope+yarn")
+BASE_LOSS = {"rope": 3.0, "rope+pi": 2.6, "rope+yarn": 2.22}
+BASE_CORRECT = {"rope": 20, "rope+pi": 40, "rope+yarn": 60}
+
+
+def _race(seeds, steps, loss, correct, probes=64):
+    """The race summary of jobs (entrant, model seed, race seed 0 and 1) whose result at
+    milestone N is ``loss(entrant, seed, race_seed, N)`` past the training length (+ 0.5 at
+    512 tokens) and ``correct(...)`` of ``probes`` retrieval probes, at 256 and 512 tokens."""
+    from posemb.lab.config import LabConfig
+
+    cfg = LabConfig(seeds=seeds, race_seeds=(0, 1), race_steps=steps, race_entrants=RACE_ENTRANTS)
+    rows = []
+    for entrant, seed, rs in itertools.product(RACE_ENTRANTS, seeds, (0, 1)):
+        at = {}
+        for step in steps:
+            k = (entrant, seed, rs, step)
+            at[str(step)] = {
+                "loss_past": {"256": loss(*k), "512": loss(*k) + 0.5},
+                "retrieval": {n: {"correct": correct(*k), "total": probes} for n in ("256", "512")},
+            }
+        rows.append(
+            {"kind": "race", "encoding": entrant, "seed": seed, "race_seed": rs, "milestones": at}
+        )
+    return report._race_summary(cfg, rows)
+
+
+def test_one_model_seed_calls_no_race_gap_beyond_noise():
+    # N = 0 fine-tunes nothing: both race seeds of the one model are the same model, the same
+    # numbers. Counting them as two runs gave "2.22 ± 0.00" and "beats rope, rope+pi".
+    race = _race((0,), (0,), lambda e, *_: BASE_LOSS[e], lambda e, *_: BASE_CORRECT[e])
+    md = report._race_md({"race": race})
+    assert "beats" not in md and "± 0.00" not in md and "±" not in md
+    assert "| rope+yarn | 2.22 |" in md
+    assert "One model seed: the spread over models is unknown" in md
+    assert md.count("no gap is called beyond noise.") == 4  # 2 lengths x 2 metrics
+    yarn, rope = race["entrants"]["rope+yarn"]["0"], race["entrants"]["rope"]["0"]
+    for metric in ("loss_past", "retrieval"):
+        assert report.differs(yarn[metric]["256"], rope[metric]["256"]) is None
+    loss, acc = yarn["loss_past"]["256"], yarn["retrieval"]["256"]
+    assert loss == {"mean": 2.22, "std": None, "n": 1, "runs": 2}
+    assert acc["n"] == 1 and acc["std"] is None and acc["se"] is None and acc["probes"] == 64
+    assert race["unit"] == "model seed" and race["runs"] == 2
+
+
+def test_race_standard_error_is_over_model_seeds_not_runs():
+    # Model seed s shifts every number; race seed r shifts it a little after fine-tuning.
+    def loss(e, s, r, step):
+        return BASE_LOSS[e] + 0.1 * s + (0.01 * r if step else 0.0)
+
+    def correct(e, s, r, step):
+        return BASE_CORRECT[e] + 4 * s + (r if step else 0)
+
+    race = _race((0, 1), (0, 25), loss, correct)
+    for step in (0, 25):
+        e = race["entrants"]["rope+pi"][str(step)]["loss_past"]["256"]
+        want = report.mean_std(
+            [(loss("rope+pi", s, 0, step) + loss("rope+pi", s, 1, step)) / 2 for s in (0, 1)]
+        )
+        # The standard error of the two model-seed means, not of four runs (~42% too small at
+        # N = 0, where each model counted twice).
+        assert report.noise(e) == pytest.approx(want["std"] / math.sqrt(2))
+        assert e["mean"] == pytest.approx(want["mean"]) and e["std"] == pytest.approx(want["std"])
+        assert e["n"] == 2 and e["runs"] == 4
+        a = race["entrants"]["rope+pi"][str(step)]["retrieval"]["256"]
+        w = report.mean_std(
+            [
+                (correct("rope+pi", s, 0, step) + correct("rope+pi", s, 1, step)) / 128
+                for s in (0, 1)
+            ]
+        )
+        p = a["correct"] / a["total"]
+        # Every run answers the same 64 probes: their noise is that of 64, not of 4 x 64.
+        assert report.noise(a) == pytest.approx(
+            math.hypot(w["std"] / math.sqrt(2), math.sqrt(p * (1 - p) / 64))
+        )
+        assert a["mean"] == pytest.approx(w["mean"]) and a["std"] == pytest.approx(w["std"])
+        assert a["n"] == 2 and a["runs"] == 4 and a["probes"] == 64 and a["total"] == 256
+    md = report._race_md({"race": race})
+    assert "over 2 model seed(s) [0, 1], each the mean of its fine-tuning seeds [0, 1]" in md
+    verdict = "beyond noise (2 standard errors over 2 model seeds) it beats rope+pi, rope."
+    assert md.count(verdict) == 4
+
+
+def test_an_old_race_summary_still_reads_and_calls_nothing():
+    # docs/lab/results.json (and the shipped summary) pooled race seeds as independent runs.
+    race = _full()["race"]
+    assert "unit" not in race
+    md = report._race_md({"race": race})
+    assert "mean ± std over 4 runs" in md and "beats" not in md
+    assert "counts every fine-tuning seed as an independent model" in md
+    assert report.default_summary()["race"] == race
+
+
+def test_race_plot_draws_no_zero_bars_for_one_model_seed(tmp_path, monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    race = _race((0,), (0,), lambda e, *_: BASE_LOSS[e], lambda e, *_: BASE_CORRECT[e])
+    drawn = []
+    real = plt.Axes.errorbar
+
+    def errorbar(self, x, y, yerr=None, **kw):
+        drawn.append(yerr)
+        return real(self, x, y, yerr=yerr, **kw)
+
+    monkeypatch.setattr(plt.Axes, "errorbar", errorbar)
+    summary = {"race": race, "config": {"train_len": 64}}
+    (path,) = report._plot_race(summary, str(tmp_path), plt)
+    assert os.path.exists(path) and len(drawn) == 2 * len(RACE_ENTRANTS)
+    assert all(e is None for e in drawn)

@@ -5,12 +5,14 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
 
 from lab_configs import TINY
 from posemb import cli
+from posemb._errors import InputError
 from posemb.lab import report, sweep
 
 
@@ -112,3 +114,206 @@ def test_two_gloo_ranks_agree_with_one_process(tmp_path):
             assert entry["all"]["mean"] == pytest.approx(
                 got[0][variant][n]["all"]["mean"], rel=1e-5
             )
+
+
+# --- misuse: folders, corpora, resumes and reports that must not mislead (issue 29) ----------
+
+
+def _files(root):
+    return {
+        os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+        for d, _, fs in os.walk(root)
+        for f in fs
+    }
+
+
+def test_a_folder_with_the_users_results_and_no_protocol_is_refused(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.md").write_text("my results")
+    (out / "results.json").write_text('{"mine": true}')
+    before = _files(out)
+    assert cli.main(["lab", "--quick", "--tasks", "lm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not write (results.json, results.md)" in err[0]
+    assert _files(out) == before
+    # --force writes beside a user's files but never over them: these stand where the lab
+    # writes its report, so it is refused before any training.
+    assert cli.main(["lab", "--quick", "--tasks", "lm", "--out", str(out), "--force"]) == 2
+    assert "never replaces them" in capsys.readouterr().err
+    assert _files(out) == before
+
+
+def test_a_users_file_added_to_a_lab_folder_is_refused_then_kept_with_force(tmp_path, capsys):
+    out = tmp_path / "lab"
+    sweep.run(TINY, str(out), quiet=True)
+    (out / "notes.txt").write_text("what I saw")
+    with pytest.raises(ValueError, match=r"did not write \(notes\.txt\)"):
+        sweep.run(TINY, str(out), quiet=True)
+    sweep.run(TINY, str(out), quiet=True, force=True)
+    assert (out / "notes.txt").read_text() == "what I saw"
+    # An edit of the lab's own report is the user's now: refused, not overwritten.
+    (out / "results.md").write_text("annotated")
+    with pytest.raises(ValueError, match=r"changed since posemb lab wrote them \(results\.md\)"):
+        sweep.preflight(TINY, str(out))
+
+
+def _corpus(path, text):
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(120))
+
+
+def test_the_corpus_is_its_content_not_its_path(tmp_path, monkeypatch):
+    c = tmp_path / "c.txt"
+    cfg = dataclasses.replace(TINY, corpus=_corpus(c, TEXT))
+    out = str(tmp_path / "out")
+    sweep.run(cfg, out, quiet=True)
+    # The same path with another text: refused (it kept the old losses beside a new entropy).
+    lines = TEXT.splitlines(keepends=True)
+    _corpus(c, "".join(reversed(lines)))
+    with pytest.raises(ValueError, match="corpus_sha256"):
+        sweep.run(cfg, out, quiet=True)
+    # A relative path from another folder naming another text: refused too.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    _corpus(other / "c.txt", TEXT.upper())
+    monkeypatch.chdir(other)
+    with pytest.raises(ValueError, match="corpus_sha256"):
+        sweep.run(dataclasses.replace(TINY, corpus="c.txt"), out, quiet=True)
+    # The same text under another name is the same corpus: every job is reused.
+    _corpus(other / "copy.txt", TEXT)
+    stamps = {p: os.path.getmtime(os.path.join(out, p)) for p in _files(out) if "runs/" in p}
+    sweep.run(dataclasses.replace(TINY, corpus="copy.txt"), out, quiet=True)
+    assert stamps == {p: os.path.getmtime(os.path.join(out, p)) for p in stamps}
+
+
+def test_a_checkpoint_of_another_text_is_refused_before_training_on_it(tmp_path, monkeypatch):
+    c = tmp_path / "c.txt"
+    cfg = dataclasses.replace(TINY, corpus=_corpus(c, TEXT))
+    out = str(tmp_path / "out")
+    _crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "rope", 0, out, quiet=True))
+    _corpus(c, "".join(sorted(TEXT.splitlines(keepends=True))))  # shuffled lines
+    with pytest.raises(ValueError, match=r"was made with other settings \(corpus "):
+        sweep.run_job(cfg, "rope", 0, out, quiet=True)
+    _corpus(c, TEXT.replace("o", "\u00f8"))  # another character set: was a load_state_dict error
+    with pytest.raises(ValueError, match=r"was made with other settings \(corpus "):
+        sweep.run_job(cfg, "rope", 0, out, quiet=True)
+
+
+def _crash_after(monkeypatch, steps, run):
+    """Run ``run`` with the optimiser failing at step ``steps + 1`` (a kill mid-training)."""
+    calls = {"n": 0}
+    real = torch.optim.AdamW.step
+
+    def crashing(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > steps:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+
+
+def test_a_killed_randomized_job_resumes_to_the_same_result(tmp_path, monkeypatch):
+    cfg = dataclasses.replace(TINY, variants=("randomized",))
+    whole = sweep.run_job(cfg, "randomized", 0, str(tmp_path / "a"), quiet=True)
+    out = str(tmp_path / "b")
+    _crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "randomized", 0, out, quiet=True))
+    torch.manual_seed(12345)  # whatever else the process drew in between
+    torch.rand(1000)
+    resumed = sweep.run_job(cfg, "randomized", 0, out, quiet=True)
+    assert resumed["final_train_loss"] == whole["final_train_loss"]
+    assert resumed["variants"] == whole["variants"]
+
+
+def test_a_resumed_report_says_how_it_ran(tmp_path):
+    out = str(tmp_path / "out")
+    sweep.run(TINY, out, quiet=True)
+    second = sweep.run(dataclasses.replace(TINY, workers=2), out, quiet=True)
+    runs = second["invocations"]
+    assert len(runs) == 2 and [p["workers"] for p in runs[0]["phases"]] == [1]
+    assert runs[1]["phases"][0]["jobs"] == 2  # sinusoidal and rope, both read back
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "over 2 invocations (resumed 1 time(s)" in md
+    assert f"{os.cpu_count()} cores" in md and second["machine"]["cpu"] in md
+    assert json.loads((tmp_path / "out" / "invocations.json").read_text()) == runs
+
+
+@pytest.mark.parametrize("bad", [b"null", b"[]", b"[1]", b"\x8b\xff\x00garbage"])
+@pytest.mark.parametrize("name", ["runs/rope-seed0.json", "protocol.json"])
+def test_unreadable_result_and_protocol_files_are_refused_by_name(tmp_path, bad, name):
+    out = tmp_path / "out"
+    sweep.run(TINY, str(out), quiet=True)
+    (out / name).write_bytes(bad)
+    # posemb's own error (the CLI's one line), not a TypeError or a UnicodeDecodeError.
+    with pytest.raises(InputError, match="changed since posemb lab wrote them"):
+        sweep.run(TINY, str(out), quiet=True)
+    with pytest.raises(InputError, match=re.escape(name.split("/")[-1])):
+        sweep.run(TINY, str(out), quiet=True, force=True)
+
+
+@pytest.mark.parametrize("where", ["/proc/posemb-lab", "a-file/child"])
+def test_an_unwritable_out_is_refused_before_training(tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("x")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    assert cli.main(["lab", "--quick", "--tasks", "lm", "--out", out]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_a_finetune_longer_than_the_corpus_is_refused_before_training(tmp_path, capsys):
+    c = _corpus(tmp_path / "c.txt", TEXT[:3000])
+    argv = ["lab", "--quick", "--tasks", "lm", "--corpus", c, "--out", str(tmp_path / "o")]
+    argv += ["--eval-lens", "32", "64", "--finetune-len", "4000", "--finetune-steps", "5"]
+    assert cli.main(argv) == 2
+    assert "too few for --finetune-len 4000" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+TINY_RACE = dataclasses.replace(
+    TINY,
+    variants=("rope",),
+    tasks=("lm", "race"),
+    retrieval_steps=10,
+    retrieval_width=16,
+    retrieval_probes=8,
+    race_len=32,
+    race_steps=(0, 2),
+    race_seeds=(0,),
+    race_entrants=("rope", "rope+pi"),
+)
+
+
+def test_deleted_job_files_are_made_again(tmp_path):
+    out = tmp_path / "out"
+    first = sweep.run(TINY_RACE, str(out), quiet=True)
+    os.unlink(out / "checkpoints" / "rope-seed0.pt")
+    os.unlink(out / "runs" / "race-rope+pi-seed0-race0.json")
+    again = sweep.run(TINY_RACE, str(out), quiet=True)  # was: "run its job first", forever
+    assert again["race"] == first["race"] and again["results"] == first["results"]
+
+
+def test_adding_a_variant_or_a_task_reevaluates_without_training_and_stale_plots_go(tmp_path):
+    out = tmp_path / "out"
+    sweep.run(TINY_RACE, str(out), quiet=True)
+    assert (out / "race.png").exists()
+    ckpt = out / "checkpoints" / "rope-seed0.pt"
+    stamp = os.path.getmtime(ckpt)
+    more = dataclasses.replace(TINY_RACE, variants=("rope", "rope+ntk"), tasks=("lm", "entropy"))
+    summary = sweep.run(more, str(out), quiet=True)
+    assert "rope+ntk" in summary["results"] and summary["entropy"]
+    assert os.path.getmtime(ckpt) == stamp  # the trained model was reused, not retrained
+    assert not (out / "race.png").exists()  # the race was dropped: its plot with it
+    assert (out / "checkpoints" / "race-rope-seed0-race0.pt").exists()  # job files are kept
+
+
+def test_a_race_without_the_retrieval_task_reports_without_crashing(tmp_path):
+    cfg = dataclasses.replace(TINY_RACE, variants=("sinusoidal",), tasks=("race",))
+    summary = sweep.run(cfg, str(tmp_path / "out"), quiet=True)  # crashed in _retrieval_md
+    assert summary["retrieval"] is None and summary["race"]
+    assert "fine-tuning race" in (tmp_path / "out" / "results.md").read_text()

@@ -64,7 +64,9 @@ def test_quick_race_starts_where_inference_time_scaling_is_and_pi_recovers(quick
     assert pi[first]["loss_past"][n]["mean"] == pytest.approx(
         s["results"]["rope+pi"][n]["past"]["mean"], rel=1e-6
     )
-    assert pi[first]["loss_past"][n]["std"] == 0.0  # both runs start from the same model
+    # Both race seeds start from the same model: one independent unit (the model seed), so
+    # the spread is unknown, not zero.
+    assert pi[first]["loss_past"][n]["std"] is None and pi[first]["loss_past"][n]["runs"] == 2
     # Position interpolation without fine-tuning is far off; a few steps recover most of it.
     assert pi[last]["loss_past"][n]["mean"] < pi[first]["loss_past"][n]["mean"] - 0.1
 
@@ -109,12 +111,11 @@ def test_another_protocols_out_is_refused_before_anything_is_written(quick, caps
     assert stamps == {
         f: os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs
     }
-    # Fewer trained encodings is the same protocol: their jobs are reused, not refused. (The
-    # rope jobs' digests name the scalings they evaluate: another set is another rope job.)
+    # Fewer trained encodings is the same protocol: their jobs are reused, not refused; another
+    # set of scalings is the same trained rope model, evaluated again (not refused either).
     fewer = ("rope", "rope+pi", "rope+ntk", "rope+dynamic")
     sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=fewer), out)
-    with pytest.raises(ValueError, match=r"rope-seed0\.json was made with other settings"):
-        sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=("rope",)), out)
+    sweep.preflight(dataclasses.replace(QUICK_TASKS, variants=("rope",)), out)
 
 
 @pytest.mark.parametrize(

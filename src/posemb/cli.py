@@ -26,10 +26,13 @@ def _verdict_note(row: dict[str, object]) -> str:
 def format_table(rows: list[dict[str, object]], width: int = 100) -> str:
     """Render claim rows as plain text, grouped by lesson screen: result, id, claim, measured."""
     passed = sum(bool(r["passed"]) for r in rows)
-    corrected = sum(r["verdict"] not in ("holds", "n/a") for r in rows)
+    # A correction counts only where its check passed: a failed one establishes nothing.
+    corrected = sum(bool(r["passed"]) and r["verdict"] not in ("holds", "n/a") for r in rows)
+    unconfirmed = sum(not r["passed"] and r["verdict"] not in ("holds", "n/a") for r in rows)
     lines = [
         f"posemb verify: {passed}/{len(rows)} claims hold as measured; "
-        f"the lesson is wrong or imprecise on {corrected} of them.",
+        f"the lesson is wrong or imprecise on {corrected} of them"
+        + (f" ({unconfirmed} more correction(s) failed their check)." if unconfirmed else "."),
     ]
     indent = " " * 7
     screen = None
@@ -51,6 +54,17 @@ def format_table(rows: list[dict[str, object]], width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def _is_claims_file(data: bytes) -> bool:
+    """Whether a file is an earlier ``posemb verify --save`` output (it may be replaced)."""
+    try:
+        rows = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and "posemb" in r and "id" in r for r in rows
+    )
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .lesson.claims import CLAIMS, run_all
 
@@ -58,6 +72,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         for c in CLAIMS:
             print(f"{c.screen}  {c.id}")
         return 0
+    if args.save:
+        from ._owned import check_output_file
+
+        # Checked first: the claims take a minute, and a path that cannot be written would
+        # lose every measurement.
+        check_output_file(args.save, "--save", _is_claims_file, force=args.force)
     rows = run_all(args.only)
     if args.save:
         from ._io import atomic_write
@@ -75,7 +95,7 @@ def _cmd_lesson(args: argparse.Namespace) -> int:
     from .lesson import page
 
     rows = page.load_claims(args.claims) if args.claims else None
-    built = page.build_lesson(args.out, rows)
+    built = page.build_lesson(args.out, rows, force=args.force)
     print(
         f"wrote {built.index} ({built.bytes / 1e6:.1f} MB, {built.seconds:.1f} s); open it in a "
         f"browser: {built.index.resolve().as_uri()}"
@@ -143,6 +163,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if args.out:
+        from ._owned import check_output_file
+
+        check_output_file(args.out, "--out", hf_bench.is_bench_csv, force=args.force)
     one_off: dict[str, float] = {}
     if args.hf:
         if args.shapes:
@@ -260,7 +284,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     }
     cfg = dataclasses.replace(base, **overrides)
     out = args.out or {"quick": "lab-quick", "gpu": "lab-gpu"}.get(preset or "", "lab-results")
-    summary = sweep.run(cfg, out, quiet=args.json)
+    summary = sweep.run(cfg, out, quiet=args.json, force=args.force)
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if args.json:
@@ -304,8 +328,10 @@ def _add_verify(sub: Any) -> None:
     verify.add_argument(
         "--save",
         metavar="FILE",
-        help="also write the JSON rows to FILE (atomically), for posemb lesson --claims",
+        help="also write the JSON rows to FILE (atomically), for posemb lesson --claims; "
+        "an existing FILE that is not an earlier --save is refused",
     )
+    verify.add_argument("--force", action="store_true", help="replace FILE whatever it holds")
     verify.set_defaults(func=_cmd_verify)
 
 
@@ -327,6 +353,11 @@ def _add_lesson(sub: Any) -> None:
         help="reuse a posemb verify --save file instead of running the claims again",
     )
     lesson.add_argument("--open", action="store_true", help="open the page in a browser")
+    lesson.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder holding files this command did not write (they are kept)",
+    )
     lesson.set_defaults(func=_cmd_lesson)
 
 
@@ -411,7 +442,12 @@ def _add_bench(sub: Any) -> None:
     bench.add_argument(
         "--dtype", default="fp32", choices=("fp32", "bf16"), help="--hf only: the model's dtype"
     )
-    bench.add_argument("--out", help="write a long-format CSV here (atomically)")
+    bench.add_argument(
+        "--out",
+        help="write a long-format CSV here (atomically); an existing file that is not an "
+        "earlier --out is refused",
+    )
+    bench.add_argument("--force", action="store_true", help="replace --out whatever it holds")
     bench.add_argument("--json", action="store_true", help="print JSON instead of the table")
     bench.set_defaults(func=_cmd_bench)
 
@@ -482,6 +518,11 @@ def _add_lab(sub: Any) -> None:
         "dealing jobs",
     )
     lab.add_argument("--out", help="output folder (default lab-results, lab-quick or lab-gpu)")
+    lab.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder holding files the lab did not write (they are kept)",
+    )
     lab.add_argument(
         "--preset",
         choices=("quick", "gpu"),

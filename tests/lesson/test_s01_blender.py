@@ -131,3 +131,24 @@ def test_trained_accuracy_draws_the_verify_rows_it_is_given(by_id):
 def test_trained_accuracy_refuses_a_row_that_is_not_the_claims(value):
     with pytest.raises(ValueError, match=s01.TRAINED_CLAIM):
         figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])
+
+
+def test_trained_accuracy_caption_says_what_was_measured():
+    # ALiBi's lowest seed is under the bar: the caption must say so, not that every encoding
+    # clears it (before: the same sentence whatever was measured).
+    value = {"nope": [0.5, 0.5], "rope": [0.9375, 0.875], "alibi": [0.55, 0.9], "bar": 0.7946}
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(value)])
+    assert "every encoding clears" not in fig.caption
+    assert "rope clears the pass bar (0.795" in fig.caption
+    assert "alibi does not (lowest seed 0.550)" in fig.caption
+    assert "nope stays at chance (0.5) on every seed" in fig.caption
+    # No positions above chance is said too, with its mean.
+    leaky = {**value, "nope": [0.5, 0.6]}
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(leaky)])
+    assert "nope is not at chance (0.5) on every seed (mean 0.550)" in fig.caption
+    everyone = {**value, "alibi": [0.85, 0.9]}
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=[_trained_row(everyone)])
+    assert "rope and alibi clear the pass bar (0.795" in fig.caption
+    # Nothing measured: the caption claims no result.
+    fig = figures.build_figure("fig-trained-accuracy", claim_rows=[])
+    assert "clear" not in fig.caption and "not measured in this build" in fig.caption.lower()

@@ -35,7 +35,7 @@ from torch import nn
 
 from .._errors import InputError
 from .._extras import require
-from .kernels import machine
+from .kernels import Row, machine
 
 PARTS = ("decoder layer", "model", "rotation")
 METHODS = ("eager", "patch_rotary", "patch_rotary fused", "liger")
@@ -371,4 +371,12 @@ def summary(rows: list[HFRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["METHODS", "PARTS", "HFRow", "Setup", "run", "summary"]
+def is_bench_csv(data: bytes) -> bool:
+    """Whether a file's bytes are an earlier ``posemb bench --out`` CSV (of either kind): its
+    first line is the header :func:`posemb.bench.kernels.write_csv` writes for them."""
+    first = data.split(b"\n", 1)[0].rstrip(b"\r")
+    headers = {",".join(cls.__dataclass_fields__).encode() for cls in (Row, HFRow)}
+    return first in headers
+
+
+__all__ = ["METHODS", "PARTS", "HFRow", "Setup", "is_bench_csv", "run", "summary"]

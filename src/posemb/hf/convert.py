@@ -18,6 +18,7 @@ import torch
 from .. import _checks, _extras
 from .._errors import InputError
 from .._io import atomic_write
+from .._owned import probe_writable
 from ..rope import Layout, permute_layout
 
 Q_PATTERN = r"(^|\.)(q_proj|wq)\.(weight|bias)$"
@@ -107,8 +108,12 @@ def convert_checkpoint(
         raise InputError(
             f"output {str(dst_p)!r} is the input file; posemb never overwrites its input"
         )
+    if dst_p.is_dir():
+        raise InputError(f"output {str(dst_p)!r} is a folder; give a .safetensors file name")
     if dst_p.exists() and not overwrite:
         raise InputError(f"output {str(dst_p)!r} exists; pass --force to replace it")
+    # Before the input is read: a folder that cannot be written would fail only at the end.
+    probe_writable(dst_p.parent, "the output's folder")
     # Checked before the (possibly many-GB) file is read, not only once it is in memory.
     _checks.positive_int("num_heads", num_heads)
     if num_kv_heads is not None:

@@ -1,17 +1,29 @@
 """Where a lab job's files live and how they are read back: a checkpoint and a result per job
-under ``--out``, written atomically, refused (naming the file) when they were made with other
-settings or cannot be read, never overwritten silently.
+under ``--out``, written atomically through the folder's ownership manifest
+(:class:`posemb._owned.OwnedFolder`: the lab never overwrites or removes a file it did not
+write), refused (naming the file) when they were made with other settings or cannot be read.
+
+A checkpoint carries the digest of what training depends on; a result carries that one too
+(``train_digest``) and the digest of what its evaluation read. A result whose evaluation
+differs but whose training is the same is stale, not foreign: the job evaluates its finished
+model again (:func:`load_result` returns None for it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 import torch
 
 from .._errors import InputError
-from .._io import atomic_write
+from .._io import read_json
+from .._owned import OwnedFolder
+
+COMMAND = "posemb lab"
+_LAB_FILE = ("protocol.json", "invocations.json", "results.json", "results.md")
+_JOB_FILES = (("runs", ".json"), ("checkpoints", ".pt"))
 
 
 def job_paths(
@@ -29,11 +41,62 @@ def job_paths(
     )
 
 
-def save_checkpoint(state: dict, path: str) -> None:
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+def folder(out: str) -> OwnedFolder:
+    """The lab's handle on ``out`` for writing (its command already claimed it)."""
+    return OwnedFolder.open(out, COMMAND)
 
 
-def load_checkpoint(path: str, digest: str) -> dict | None:
+def write_file(out: str, path: str, data: bytes) -> None:
+    """Write ``path`` (a file under ``out``) atomically, as the lab's own."""
+    folder(out).write_bytes(os.path.relpath(path, out), data)
+
+
+def earlier_lab(root: pathlib.Path, present: list[str]) -> bool:
+    """Whether a folder without an ownership manifest is one an earlier posemb lab wrote: a
+    readable ``protocol.json``, and every file named as the lab names its files."""
+    try:
+        protocol = json.loads((root / "protocol.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(protocol, dict) or "posemb" not in protocol:
+        return False
+    return all(is_lab_file(rel) for rel in present)
+
+
+def is_lab_file(rel: str) -> bool:
+    """Whether a relative path is named as the lab names its files (it may write there)."""
+    p = pathlib.PurePosixPath(rel)
+    top = len(p.parts) == 1 and (rel in _LAB_FILE or p.suffix == ".png")
+    return top or (len(p.parts) == 2 and (p.parts[0], p.suffix) in _JOB_FILES)
+
+
+def save_checkpoint(state: dict, path: str, out: str) -> None:
+    """Write a checkpoint under ``out`` atomically."""
+    folder(out).write(os.path.relpath(path, out), lambda tmp: torch.save(state, tmp))
+
+
+def _differences(theirs: object, ours: dict | None) -> str:
+    if not isinstance(theirs, dict) or ours is None:
+        return ""
+    diff = [
+        f"{k} {theirs.get(k)!r} != {ours.get(k)!r}"
+        for k in sorted(set(ours) | set(theirs))
+        if theirs.get(k) != ours.get(k)
+    ]
+    return f" ({'; '.join(diff[:3])})" if diff else ""
+
+
+def load_checkpoint(path: str, digest: str, key: dict | None = None) -> dict | None:
+    """A job's checkpoint, None where there is none.
+
+    Args:
+        path: the file.
+        digest: what the checkpoint must carry (:meth:`LabConfig.digest`).
+        key: the settings behind ``digest`` (:meth:`LabConfig.job_key`), to name what differs.
+
+    Raises:
+        ValueError: the file cannot be read, or was made with other settings.
+    """
     if not os.path.exists(path):
         return None
     try:
@@ -44,28 +107,50 @@ def load_checkpoint(path: str, digest: str) -> dict | None:
             f"job again"
         ) from err
     if not isinstance(ckpt, dict) or ckpt.get("digest") != digest:
+        theirs = ckpt.get("digest") if isinstance(ckpt, dict) else "?"
+        why = _differences(ckpt.get("settings") if isinstance(ckpt, dict) else None, key)
         raise InputError(
-            f"checkpoint {path} was made with other settings (digest "
-            f"{ckpt.get('digest') if isinstance(ckpt, dict) else '?'} != {digest}); use another "
-            f"--out or delete it"
+            f"checkpoint {path} was made with other settings{why} (digest {theirs} != "
+            f"{digest}); use another --out or delete it"
         )
     return ckpt
 
 
-def load_result(path: str, digest: str) -> dict | None:
+def load_result(
+    path: str, digest: str, train_digest: str | None = None, key: dict | None = None
+) -> dict | None:
+    """A job's finished result; None where there is none, or where it is stale.
+
+    A result is stale when only its evaluation differs: its ``train_digest`` is
+    ``train_digest`` (the job then evaluates its finished model again).
+
+    Raises:
+        ValueError: the file cannot be read or is not a result, or its model was trained
+            with other settings.
+    """
     if not os.path.exists(path):
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            done = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        raise InputError(f"result {path} cannot be read; delete it to rerun") from None
-    if done.get("digest") == digest:
+    done = read_json(path, "result")
+    if not isinstance(done, dict) or not isinstance(done.get("digest"), str):
+        raise InputError(f"result {path} is not a posemb lab result; delete it to rerun")
+    if done["digest"] == digest:
         return done
-    raise InputError(f"result {path} was made with other settings; use another --out or delete it")
+    if train_digest is not None and done.get("train_digest") == train_digest:
+        return None
+    why = _differences(done.get("settings"), key)
+    raise InputError(
+        f"result {path} was made with other settings{why}; use another --out or delete it"
+    )
 
 
-# --- one job -------------------------------------------------------------------------------------
-
-
-__all__ = ["job_paths", "load_checkpoint", "load_result", "save_checkpoint"]
+__all__ = [
+    "COMMAND",
+    "earlier_lab",
+    "folder",
+    "is_lab_file",
+    "job_paths",
+    "load_checkpoint",
+    "load_result",
+    "save_checkpoint",
+    "write_file",
+]

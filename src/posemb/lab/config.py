@@ -55,23 +55,56 @@ _NOT_PROTOCOL = (
     "device",
     "data_parallel",
 )
-_RETRIEVAL_KEYS = (
+# What a trained model depends on (with the corpus's content and the longest length), and
+# what only its evaluation reads: LabConfig.job_key keeps them apart.
+_LM_TRAIN_KEYS = ("train_len", "steps", "width", "layers", "heads", "batch", "lr")
+_LM_EVAL_KEYS = ("eval_lens", "eval_windows", "entropy_windows", "finetune_len", "finetune_steps")
+_RETRIEVAL_TRAIN_KEYS = (
     "train_len",
-    "eval_lens",
     "heads",
-    "checkpoint_every",
     "retrieval_steps",
     "retrieval_width",
     "retrieval_layers",
     "retrieval_batch",
     "retrieval_lr",
     "retrieval_facts",
-    "retrieval_probes",
+)
+_RETRIEVAL_EVAL_KEYS = ("eval_lens", "retrieval_probes")
+_RACE_KEYS = ("eval_lens", "eval_windows", "retrieval_probes", "race_len", "race_steps")
+# The flags posemb lab has; other settings are named as LabConfig fields in errors.
+_CLI_FLAGS = frozenset(
+    (
+        "variants",
+        "train_len",
+        "eval_lens",
+        "steps",
+        "seeds",
+        "corpus",
+        "workers",
+        "finetune_len",
+        "finetune_steps",
+        "tasks",
+        "retrieval_steps",
+        "race_len",
+        "race_steps",
+        "race_seeds",
+        "batch",
+        "device",
+        "data_parallel",
+    )
 )
 
 
+def _json_ready(d: dict[str, object]) -> dict[str, object]:
+    # As a result file holds it (lists, not tuples), so that a key read back compares equal.
+    return json.loads(json.dumps(d))
+
+
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """How an error names a setting: its ``posemb lab`` flag, or the field where none exists."""
+    if name in _CLI_FLAGS:
+        return "--" + name.replace("_", "-")
+    return f"LabConfig.{name}"
 
 
 def _is_int(v: object) -> bool:
@@ -181,18 +214,25 @@ class LabConfig:
             )
         if len(set(seeds)) != len(seeds):
             raise InputError(f"--seeds must not repeat a seed, got {list(seeds)}")
-        _checks.number("--lr", self.lr, minimum=0.0, strict=True)
-        _checks.number("--retrieval-lr", self.retrieval_lr, minimum=0.0, strict=True)
+        _checks.number(_flag("lr"), self.lr, minimum=0.0, strict=True)
+        _checks.number(_flag("retrieval_lr"), self.retrieval_lr, minimum=0.0, strict=True)
 
     def _check_tasks(self) -> None:
         """The retrieval and race tasks' settings."""
         check_heads(self.retrieval_width, self.heads)
         lens = self.eval_lens
         facts = self.retrieval_facts
-        if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS or 2 * facts > self.train_len:
+        if not _is_int(facts) or not 1 <= facts <= _retrieval.KEYS:
             raise InputError(
-                f"--retrieval-facts must be an integer in 1..{_retrieval.KEYS} with two "
-                f"positions per fact in a --train-len {self.train_len} window, got {facts!r}"
+                f"{_flag('retrieval_facts')} must be an integer in 1..{_retrieval.KEYS}, got "
+                f"{facts!r}"
+            )
+        # Only the tasks that train a retrieval model place facts in a training window.
+        if {"retrieval", "race"} & set(self.tasks) and 2 * facts > self.train_len:
+            raise InputError(
+                f"--train-len {self.train_len} is too short for the retrieval task's "
+                f"{facts} facts (two positions each, {_flag('retrieval_facts')}): use "
+                f"--train-len {2 * facts} or more, or --tasks without retrieval and race"
             )
         if "race" in self.tasks:
             race_len = self.race_len
@@ -242,32 +282,69 @@ class LabConfig:
         if not isinstance(self.data_parallel, bool):
             raise InputError(f"--data-parallel must be True or False, got {self.data_parallel!r}")
 
-    def digest(
-        self, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
-    ) -> str:
-        """A hash of what one job's numbers depend on (and nothing else, so that adding a
-        variant or a task reuses the jobs already done)."""
+    def job_key(
+        self,
+        encoding: str,
+        seed: int,
+        kind: str = "lm",
+        race_seed: int | None = None,
+        *,
+        stage: str = "result",
+    ) -> dict[str, object]:
+        """What one job's numbers depend on, and nothing else.
+
+        ``stage="train"`` is what its checkpoint depends on: the training settings, the
+        corpus's content (:func:`posemb.lab.corpus.content_id`, never its path) and the
+        longest evaluation length (a learned table's size, a randomised position's range).
+        ``stage="result"`` adds what only its evaluation reads (the lengths, windows, the
+        scalings and tasks asked for), so that adding a variant or a task re-evaluates a
+        finished model instead of training it again. A race job has one key for both.
+        """
+        if kind not in ("lm", "retrieval", "race"):
+            raise InputError(f"unknown job kind {kind!r}; known: lm, retrieval, race")
+        if stage not in ("train", "result"):
+            raise InputError(f"unknown stage {stage!r}; known: train, result")
         d = asdict(self)
-        lm = {k: v for k, v in d.items() if k not in _NOT_PROTOCOL}
-        lm = {k: v for k, v in lm.items() if not k.startswith(("retrieval_", "race_"))}
-        ret = {k: d[k] for k in _RETRIEVAL_KEYS}
+        base = {"kind": kind, "encoding": encoding, "seed": seed, "posemb": __version__}
+        base |= {"max_len": max(self.eval_lens)}
+        lm_train = base | {k: d[k] for k in _LM_TRAIN_KEYS}
+        lm_train["corpus"] = _corpus.content_id(self.corpus)
+        ret_train = base | {k: d[k] for k in _RETRIEVAL_TRAIN_KEYS}
         # The rope jobs also evaluate the scalings asked for: another set is another result.
         scalings = sorted(v for v in self.variants if v in SCALINGS) if encoding == "rope" else []
+        if kind == "race":
+            rope = {k: v for k, v in lm_train.items() if k not in ("kind", "encoding")}
+            key = rope | ret_train | {k: d[k] for k in _RACE_KEYS} | {"race_seed": race_seed}
+            return _json_ready(key)
         if kind == "lm":
-            key = lm | {"entropy": "entropy" in self.tasks, "scalings": scalings}
-        elif kind == "retrieval":
-            key = ret | {"scalings": scalings}
-        elif kind == "race":
-            key = lm | ret | {"race_len": self.race_len, "race_steps": self.race_steps}
-            key |= {"race_seed": race_seed}
+            evaluation = {k: d[k] for k in _LM_EVAL_KEYS} | {"scalings": scalings}
+            evaluation["entropy"] = "entropy" in self.tasks
+            train = lm_train
         else:
-            raise InputError(f"unknown job kind {kind!r}")
-        key |= {"kind": kind, "encoding": encoding, "seed": seed, "posemb": __version__}
+            evaluation = {k: d[k] for k in _RETRIEVAL_EVAL_KEYS} | {"scalings": scalings}
+            train = ret_train
+        return _json_ready(train if stage == "train" else train | evaluation)
+
+    def digest(
+        self,
+        encoding: str,
+        seed: int,
+        kind: str = "lm",
+        race_seed: int | None = None,
+        *,
+        stage: str = "result",
+    ) -> str:
+        """A hash of :meth:`job_key`: 16 hex digits a checkpoint (``stage="train"``) or a
+        result (``stage="result"``) carries."""
+        key = self.job_key(encoding, seed, kind, race_seed, stage=stage)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def protocol(self) -> dict[str, object]:
         """The settings an ``--out`` folder's results depend on (written to protocol.json)."""
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_PROTOCOL}
+        # The corpus is its content, not where it was read from (results.json keeps the path).
+        del d["corpus"]
+        d["corpus_sha256"] = _corpus.content_id(self.corpus)
         return json.loads(json.dumps(d | {"posemb": __version__}))
 
     def race_eval_lens(self) -> tuple[int, ...]:

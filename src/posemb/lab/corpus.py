@@ -11,6 +11,8 @@ from it with a fixed seed, so every variant is scored on the same characters.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import lzma
 import math
 import os
@@ -66,6 +68,28 @@ def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
     if not text.strip():
         raise InputError(f"corpus {p!r} is empty")
     return os.path.basename(p), text
+
+
+def content_id(path: str | os.PathLike[str] | None = None) -> str:
+    """The SHA-256 (hex, first 16 digits) of a corpus's text as UTF-8: what identifies it in
+    a lab job's digest and protocol. A path says where a text is, not which: an edited file,
+    or a relative path run from another folder, is another corpus."""
+    if path is None or str(path) == DEFAULT:
+        return _text_id(DEFAULT, 0, 0)
+    p = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(p)
+    except OSError:
+        load_text(p)  # the clear error
+        raise
+    return _text_id(p, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _text_id(path: str, size: int, mtime_ns: int) -> str:
+    # Keyed by size and modification time as well, so a file replaced in place is read again.
+    _, text = load_text(path)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def load(

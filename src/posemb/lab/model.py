@@ -127,6 +127,10 @@ class TinyLM(nn.Module):
         elif cfg.encoding == "sinusoidal":
             self.input_pos, attn_enc = SinusoidalEmbedding(cfg.width), "nope"
         self.randomized = RandomizedPositions(cfg.max_len) if cfg.encoding == "randomized" else None
+        # Where training draws randomised positions from: a job sets its own (and saves its
+        # state with the checkpoint) so that a resumed run draws what an unbroken one would;
+        # None draws from torch's global generator.
+        self.position_generator: torch.Generator | None = None
         if cfg.encoding == "randomized":
             attn_enc = "rope"
         self.blocks = nn.ModuleList(
@@ -183,7 +187,7 @@ class TinyLM(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s = tokens.shape
         if positions is None and self.randomized is not None and self.training:
-            positions = self.randomized(b, s, tokens.device)
+            positions = self.randomized(b, s, tokens.device, self.position_generator)
         x = self.input_embeddings(tokens, positions)  # (b, s, width)
         for blk in self.blocks:
             x = blk(x, positions)

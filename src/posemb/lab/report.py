@@ -8,6 +8,8 @@ regenerates it, and a test checks that it still matches.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import itertools
 import json
 import logging
@@ -22,8 +24,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from .. import _extras
-from .._io import atomic_write, atomic_write_bytes
+from .._io import atomic_write_bytes
 from .._version import __version__
+from . import checkpoints as _checkpoints
 from .schema import Summary
 
 if TYPE_CHECKING:
@@ -46,19 +49,60 @@ def mean_std(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"mean": mean, "std": std, "n": n}
 
 
+def machine_description(device: str = "cpu") -> dict[str, object]:
+    """Where a sweep ran: the OS, the processor (its model name where Linux says it), cores,
+    torch's threads and, on CUDA, the GPU's name."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    out: dict[str, object] = {
+        "system": f"{platform.system()} {platform.release()}",
+        "architecture": platform.machine(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def invocation(
+    started: float, wall: float, phases: Sequence[dict], device: str = "cpu"
+) -> dict[str, object]:
+    """One invocation of a sweep as ``invocations.json`` records it: when it started (UTC),
+    its wall time, how each phase ran (jobs, workers, threads per worker, ranks, seconds) and
+    the machine."""
+    when = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds")
+    return {
+        "started": when,
+        "wall_seconds": wall,
+        "phases": [dict(p) for p in phases],
+        "machine": machine_description(device),
+    }
+
+
 def summarise(
     cfg: LabConfig,
     data: Corpus,
     results: Sequence[dict],
     wall: float,
-    workers: int,
-    threads: int,
+    workers: int | None = None,
+    threads: int | None = None,
+    *,
+    runs: Sequence[dict] | None = None,
 ) -> dict[str, object]:
     """The sweep's summary (what results.json holds) from its jobs' results.
 
     ``results[variant][str(eval_len)]`` holds ``all`` and ``past`` (:func:`mean_std` over seeds
     of the mean loss over all positions / past the training length; ``past`` absent at the
     training length) and ``curve`` (the per-position loss, averaged over seeds).
+
+    ``runs`` are the sweep's invocations (:func:`invocation`, the last one this), so that a
+    resumed sweep's report gives every invocation's wall time and how its phases ran;
+    without them, one invocation of ``wall`` seconds with ``workers`` x ``threads``.
     """
     lm = [r for r in results if r.get("kind", "lm") == "lm"]
     table: dict[str, dict[str, dict[str, object]]] = {}
@@ -89,20 +133,60 @@ def summarise(
         "unigram_entropy": data.unigram_entropy(),
         "results": table,
         "coincide": coincident(table),
-        "retrieval": _retrieval_summary(cfg, retrieval) if retrieval else None,
+        # The race trains a retrieval model of its own; that is not the retrieval task.
+        "retrieval": _retrieval_summary(cfg, retrieval)
+        if retrieval and "retrieval" in cfg.tasks
+        else None,
         "entropy": _entropy_summary(cfg, lm) if "entropy" in cfg.tasks and lm else None,
         "race": _race_summary(cfg, race) if race else None,
         "train_seconds": {_job_name(r): r["train_seconds"] for r in results},
         "wall_seconds": wall,
-        "workers": workers,
-        "threads_per_worker": threads,
+        "invocations": list(runs) if runs else [_one_invocation(wall, workers, threads)],
         "versions": {
             "posemb": __version__,
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
-        "machine": platform.machine(),
+        "machine": machine_description(cfg.device),
     }
+
+
+def _one_invocation(wall: float, workers: int | None, threads: int | None) -> dict[str, object]:
+    phase = {"phase": "all", "workers": workers, "threads_per_worker": threads}
+    return {"started": None, "wall_seconds": wall, "phases": [phase], "machine": None}
+
+
+def how_it_ran(summary: dict) -> str:
+    """The report's sentence on how the sweep ran: invocations (a resumed sweep says so),
+    their wall time, each phase's workers x threads, and the machine."""
+    runs = summary.get("invocations")
+    if not runs:  # a summary from before invocations were recorded
+        return f"{summary.get('wall_seconds', 0):.0f} s wall"
+    total = sum(float(r["wall_seconds"]) for r in runs)
+    last = runs[-1]
+    phases = (
+        ", ".join(
+            f"{p['phase']}: {p.get('jobs', '?')} job(s) on {p['workers']} worker(s) x "
+            f"{p['threads_per_worker']} thread(s)"
+            + (f" x {p['ranks']} ranks" if p.get("ranks", 1) > 1 else "")
+            for p in last["phases"]
+        )
+        or "every job already done"
+    )
+    text = f"{total:.0f} s wall"
+    if len(runs) > 1:
+        text += (
+            f" over {len(runs)} invocations (resumed {len(runs) - 1} time(s); this one "
+            f"{float(last['wall_seconds']):.0f} s)"
+        )
+    text += f"; {phases}"
+    m = summary.get("machine")
+    if isinstance(m, dict):
+        text += (
+            f"; on {m.get('cpu')} ({m.get('cores')} cores, {m.get('architecture')}, "
+            f"{m.get('system')})" + (f" with {m['gpu']}" if m.get("gpu") else "")
+        )
+    return text
 
 
 def _job_name(r: dict) -> str:
@@ -125,10 +209,11 @@ def accuracy(counts: Sequence[dict]) -> dict[str, object]:
 
 
 def noise(e: dict) -> float | None:
-    """The standard error of a :func:`mean_std` or :func:`accuracy` entry: the binomial one
-    for accuracies (which also holds for one seed), std / sqrt(n) otherwise (None for n = 1)."""
+    """The standard error of a :func:`mean_std` or :func:`accuracy` entry: its ``se`` where it
+    has one (the binomial one for accuracies, which also holds for one seed; a race accuracy's,
+    None for one model seed), std / sqrt(n) otherwise (None for n = 1)."""
     if "se" in e:
-        return float(e["se"])
+        return None if e["se"] is None else float(e["se"])
     if e.get("std") is None:
         return None
     return float(e["std"]) / math.sqrt(int(e["n"]))
@@ -230,21 +315,41 @@ def _entropy_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
     }
 
 
+RACE_UNIT = "model seed"
+"""What a race statistic's ``n`` counts (:func:`_race_summary`); summaries without
+``race["unit"]`` pooled every (model seed, race seed) run as if independent."""
+
+
 def _race_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
+    """The race by entrant, milestone N and length, over model seeds.
+
+    The independent unit is the model seed: the fine-tuning seeds of one model are repeated
+    fine-tunings of the same model (at N = 0, copies of it), so each model seed's number is
+    first the mean over its race seeds. ``loss_past`` is :func:`mean_std` of those means
+    (``n`` model seeds) with ``runs``, the jobs behind them; ``retrieval`` is
+    :func:`_race_accuracy`.
+    """
     entrants: dict[str, dict[str, object]] = {}
     for entrant in cfg.race_entrants:
-        runs = [r["milestones"] for r in rows if r["encoding"] == entrant]
-        if not runs:
+        by_seed: dict[int, list[dict]] = {}
+        for r in rows:
+            if r["encoding"] == entrant:
+                by_seed.setdefault(int(r["seed"]), []).append(r["milestones"])
+        if not by_seed:
             continue
         per_step: dict[str, object] = {}
         for step in cfg.race_steps:
-            at = [run[str(step)] for run in runs]
+            at = [[run[str(step)] for run in runs] for _, runs in sorted(by_seed.items())]
+            first = at[0][0]
+            loss: dict[str, object] = {}
+            for n in first["loss_past"]:
+                means = [sum(a["loss_past"][n] for a in s) / len(s) for s in at]
+                loss[n] = mean_std(means) | {"runs": sum(map(len, at))}
             per_step[str(step)] = {
-                "loss_past": {
-                    n: mean_std([a["loss_past"][n] for a in at]) for n in at[0]["loss_past"]
-                },
+                "loss_past": loss,
                 "retrieval": {
-                    n: accuracy([a["retrieval"][n] for a in at]) for n in at[0]["retrieval"]
+                    n: _race_accuracy([[a["retrieval"][n] for a in s] for s in at])
+                    for n in first["retrieval"]
                 },
             }
         entrants[entrant] = per_step
@@ -255,16 +360,54 @@ def _race_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
         "runs": len(cfg.seeds) * len(cfg.race_seeds),
         "seeds": list(cfg.seeds),
         "race_seeds": list(cfg.race_seeds),
+        "unit": RACE_UNIT,
         "entrants": entrants,
     }
 
 
+def _race_accuracy(by_seed: Sequence[Sequence[dict]]) -> dict[str, object]:
+    """A race accuracy from each model seed's race runs' ``{"correct", "total"}``.
+
+    ``mean``, ``std``, ``n``: over model seeds of each one's mean over its race seeds.
+    ``correct`` and ``total`` pool every run; ``probes`` is one run's ``total``: every run is
+    scored on the same probes (drawn from ``EVAL_SEED``), so the binomial noise of the probe
+    set is that of ``probes``, not of ``total``, however many models or copies answered them.
+    ``se`` adds that probe noise to std / sqrt(n) in quadrature (two models that happen to
+    score alike do not make a gap certain); None for one model seed, whose spread is unknown.
+    """
+    accs = [sum(c["correct"] / c["total"] for c in s) / len(s) for s in by_seed]
+    stats = mean_std(accs)
+    correct = sum(c["correct"] for s in by_seed for c in s)
+    total = sum(c["total"] for s in by_seed for c in s)
+    probes = min(c["total"] for s in by_seed for c in s)
+    p = correct / total
+    std = stats["std"]
+    se = (
+        None
+        if std is None
+        else math.hypot(float(std) / math.sqrt(len(accs)), math.sqrt(p * (1 - p) / probes))
+    )
+    return {
+        **stats,
+        "runs": sum(map(len, by_seed)),
+        "correct": correct,
+        "total": total,
+        "probes": probes,
+        "se": se,
+    }
+
+
 def write(summary: dict, out: str) -> list[str]:
-    """Write results.json, results.md and the plots under ``out``; record the plots' paths in
+    """Write results.json, results.md and the plots under ``out`` (the lab's folder: files
+    it did not write are never replaced); remove the plots an earlier report of this folder
+    drew that this one does not (a task dropped); record the plots' paths in
     ``summary["plots"]`` and return them."""
-    atomic_write_bytes(os.path.join(out, "results.json"), json.dumps(summary, indent=2).encode())
-    atomic_write_bytes(os.path.join(out, "results.md"), markdown(summary).encode())
+    folder = _checkpoints.folder(out)
+    folder.write_bytes("results.json", json.dumps(summary, indent=2).encode())
+    folder.write_bytes("results.md", markdown(summary).encode())
     plots = _plots(summary, out)
+    drawn = {os.path.relpath(p, out) for p in plots}
+    folder.prune(keep=lambda rel: not (rel.endswith(".png") and "/" not in rel) or rel in drawn)
     summary["plots"] = plots
     return plots
 
@@ -400,9 +543,8 @@ def markdown(summary: dict) -> str:
     lines += [
         "",
         f"{cfg['layers']} layers, width {cfg['width']}, {cfg['heads']} heads, {cfg['steps']} "
-        f"steps of batch {cfg['batch']} x {train}, AdamW {cfg['lr']}; {summary['workers']} "
-        f"worker(s) x {summary['threads_per_worker']} thread(s), {summary['wall_seconds']:.0f} s "
-        f"wall; torch {summary['versions']['torch']}.",
+        f"steps of batch {cfg['batch']} x {train}, AdamW {cfg['lr']}; {how_it_ran(summary)}; "
+        f"torch {summary['versions']['torch']}.",
         "A learned table has no trained row past its training length: its 'past' numbers use "
         "rows that were never trained (only weight decay touched them), which is what such a model "
         "does when run longer.",
@@ -447,7 +589,7 @@ def _len_head(lens: Sequence[int], train: int) -> str:
 
 def _retrieval_md(summary: dict) -> str:
     r = summary.get("retrieval")
-    if not r:
+    if not r or not r["variants"]:
         return ""
     cfg = summary["config"]
     lens, train = cfg["eval_lens"], cfg["train_len"]
@@ -516,11 +658,35 @@ def _race_md(summary: dict) -> str:
     if not r:
         return ""
     steps = r["steps"]
+    models = len(r["seeds"])
+    by_model = r.get("unit") == RACE_UNIT
     lines = [
         f"The fine-tuning race: the RoPE models continued at {r['race_len']} tokens for N steps "
-        f"under each schedule; mean ± std over {r['runs']} runs (model seeds {r['seeds']} x "
-        f"fine-tuning seeds {r['race_seeds']}).",
+        f"under each schedule; "
+        + (
+            f"mean{' ± std' if models > 1 else ''} over {models} model seed(s) {r['seeds']}, "
+            f"each the mean of its fine-tuning seeds {r['race_seeds']} (fine-tunings of one "
+            "model are repeated measurements of it, not independent models; at N=0 they are "
+            "the same model)."
+            if by_model
+            else f"mean ± std over {r['runs']} runs (model seeds {r['seeds']} x fine-tuning "
+            f"seeds {r['race_seeds']})."
+        ),
     ]
+    if not by_model:
+        why = (
+            "This summary's spread counts every fine-tuning seed as an independent model, so no "
+            "gap in it is called beyond noise (a new run counts model seeds)."
+        )
+    elif models == 1:
+        why = (
+            "One model seed: the spread over models is unknown, so no gap in the race is called "
+            "beyond noise (run with --seeds 0 1 for that)."
+        )
+    else:
+        why = ""
+    if why:
+        lines.append("\n" + why)
     for n in r["eval_lens"]:
         for metric, label in (
             ("loss_past", "loss past the training length"),
@@ -543,11 +709,14 @@ def _race_md(summary: dict) -> str:
                 reverse=metric == "retrieval",
             )
             best, best_e = rows[0]
-            beaten = [e for e, x in rows[1:] if differs(best_e, x)]
+            verdicts = [(e, differs(best_e, x)) for e, x in rows[1:]]
+            if why or any(v is None for _, v in verdicts):
+                lines.append(f"\nAt N={last} the best is {best}; no gap is called beyond noise.")
+                continue
+            beaten = [e for e, v in verdicts if v]
             lines.append(
-                f"\nAt N={last} the best is {best}; beyond noise (2 standard errors) it beats "
-                + (", ".join(beaten) if beaten else "none")
-                + "."
+                f"\nAt N={last} the best is {best}; beyond noise (2 standard errors over "
+                f"{models} model seeds) it beats " + (", ".join(beaten) if beaten else "none") + "."
             )
     return "\n".join(lines)
 
@@ -711,7 +880,9 @@ def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
     for entrant, per_step in r["entrants"].items():
         for a, metric in ((ax, "loss_past"), (bx, "retrieval")):
             ys = [per_step[str(k)][metric][n]["mean"] for k in r["steps"]]
-            err = [per_step[str(k)][metric][n]["std"] or 0.0 for k in r["steps"]]
+            std = [per_step[str(k)][metric][n]["std"] for k in r["steps"]]
+            # One model seed: no bars, rather than bars of 0 that look like certainty.
+            err = None if any(x is None for x in std) else std
             a.errorbar(r["steps"], ys, yerr=err, **_style(entrant), capsize=2, label=entrant)
     ax.set_ylabel(f"loss past position {summary['config']['train_len']} at {n} (nats/char)")
     bx.set_ylabel(f"retrieval accuracy at {n}")
@@ -723,8 +894,14 @@ def _plot_race(summary: dict, out: str, plt: Any) -> list[str]:
     )
     for a in (ax, bx):
         a.set_xlabel(f"fine-tuning steps at {n} tokens")
-    ax.set_title("The fine-tuning race: language modelling")
-    bx.set_title("The fine-tuning race: retrieval")
+    if r.get("unit") != RACE_UNIT:
+        bars = "bars: ± std over runs"
+    elif len(r["seeds"]) > 1:
+        bars = f"bars: ± std over {len(r['seeds'])} model seeds"
+    else:
+        bars = "one model seed: spread unknown"
+    ax.set_title(f"The fine-tuning race: language modelling ({bars})", fontsize=10)
+    bx.set_title("The fine-tuning race: retrieval", fontsize=10)
     ax.legend(fontsize=8)
     return [_save_figure(fig, os.path.join(out, "race.png"))]
 
@@ -734,6 +911,7 @@ def _save_figure(fig: Figure, path: str, bottom: float = 0.0) -> str:
     import matplotlib.pyplot as plt
 
     fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    out, name = os.path.split(path)
+    _checkpoints.folder(out).write(name, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path

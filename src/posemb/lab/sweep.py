@@ -21,20 +21,31 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import scaling as sc
 from .._errors import InputError
-from .._io import atomic_write_bytes
+from .._io import read_json
+from .._owned import OwnedFolder
 from . import corpus as _corpus
 from . import distributed as _dp
 from . import entropy as _entropy
 from . import race as _race
 from . import report
 from . import retrieval as _retrieval
-from .checkpoints import job_paths, load_checkpoint, load_result, save_checkpoint
+from .checkpoints import (
+    COMMAND,
+    earlier_lab,
+    is_lab_file,
+    job_paths,
+    load_checkpoint,
+    load_result,
+    save_checkpoint,
+    write_file,
+)
 from .config import (
     DEFAULT_VARIANTS,
     EVAL_SEED,
@@ -47,6 +58,45 @@ from .config import (
 )
 from .model import SCALINGS, TRAINED, ModelConfig, TinyLM, scaling_for
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
+
+_POSITION_SEED = 2**31 - 1  # apart from the data generator's seeds (the job's seed itself)
+
+
+@dataclass(frozen=True)
+class _JobIds:
+    """A job's identities: what its result and its checkpoint depend on, and their digests."""
+
+    key: dict
+    digest: str
+    train_key: dict
+    train_digest: str
+
+    @classmethod
+    def of(
+        cls, cfg: LabConfig, name: str, seed: int, kind: str, race_seed: int | None = None
+    ) -> _JobIds:
+        args = (name, seed, kind, race_seed)
+        return cls(
+            key=cfg.job_key(*args),
+            digest=cfg.digest(*args),
+            train_key=cfg.job_key(*args, stage="train"),
+            train_digest=cfg.digest(*args, stage="train"),
+        )
+
+    def stamp(self) -> dict[str, object]:
+        """What a result records of them."""
+        return {"digest": self.digest, "train_digest": self.train_digest, "settings": self.key}
+
+
+def _checkpoint_missing(cfg: LabConfig, kind: str, encoding: str, seed: int, out: str) -> bool:
+    """Whether a later job needs this one's finished checkpoint and it is gone (deleted by
+    hand): the job then trains again, which gives the same model."""
+    if "race" not in cfg.tasks or encoding != "rope":
+        return False
+    steps = cfg.steps if kind == "lm" else cfg.retrieval_steps
+    ids = _JobIds.of(cfg, encoding, seed, kind)
+    ckpt = load_checkpoint(job_paths(out, encoding, seed, kind)[0], ids.train_digest, ids.train_key)
+    return ckpt is None or int(ckpt["step"]) != steps
 
 
 def run_job(
@@ -71,11 +121,12 @@ def run_job(
     that result.
     """
     ckpt_path, result_path = job_paths(out, encoding, seed)
-    digest = cfg.digest(encoding, seed)
+    ids = _JobIds.of(cfg, encoding, seed, "lm")
     rank, world = _dp.group(cfg.data_parallel)
-    done = load_result(result_path, digest)
-    _dp.agree(int(done is not None), f"finished results in {result_path}", world)
-    if done is not None:
+    done = load_result(result_path, ids.digest, ids.train_digest, ids.key)
+    retrain = done is not None and _checkpoint_missing(cfg, "lm", encoding, seed, out)
+    _dp.agree(int(done is not None) + int(retrain), f"finished results in {result_path}", world)
+    if done is not None and not retrain:
         return done
     device = _dp.rank_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)
@@ -92,18 +143,23 @@ def run_job(
     model = TinyLM(mcfg).to(device)  # initialised on the CPU: the same weights on any device
     opt = adamw(model, cfg.lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
+    # The job's own generator for randomised positions, saved in its checkpoints (torch's
+    # global one is shared with whatever else runs in the process, and is not saved). Ranks
+    # draw different positions, as they train different rows.
+    model.position_generator = torch.Generator().manual_seed(_POSITION_SEED + seed + 7919 * rank)
     started = time.time()
     # Every rank draws the whole batch from the same generator (a one-process run's data) and
     # trains on its slice; the generator's state in a checkpoint is then every rank's.
     last_loss = _train_resumable(
         model,
         opt,
-        gen,
+        {"generator": gen, "position_generator": model.position_generator},
         batch_at=lambda _: next_token(windows(data.train, cfg.train_len, cfg.batch, gen)),
         steps=cfg.steps,
         lr_at=lambda s: warmup_cosine(s, cfg.steps, cfg.lr),
         ckpt_path=ckpt_path,
-        digest=digest,
+        ids=ids,
+        out=out,
         every=cfg.checkpoint_every,
         label=f"{encoding} seed {seed}",
         slot=slot,
@@ -114,10 +170,12 @@ def run_job(
     train_s = time.time() - started
     if rank != 0:
         return _dp.from_rank0(None, world)
+    if done is not None:  # retrained only for the checkpoint a later job needs
+        return _dp.from_rank0(done, world)
 
     evals, entropy = _evaluate_lm(model, cfg, encoding, data, gen, device)
     result = {
-        "digest": digest,
+        **ids.stamp(),
         "kind": "lm",
         "encoding": encoding,
         "seed": seed,
@@ -138,7 +196,7 @@ def run_job(
         },
         "entropy": entropy,
     }
-    atomic_write_bytes(result_path, json.dumps(result).encode())
+    write_file(out, result_path, json.dumps(result).encode())
     return _dp.from_rank0(result, world)
 
 
@@ -185,13 +243,14 @@ def _loss_curve(model: TinyLM, w: torch.Tensor) -> torch.Tensor:
 def _train_resumable(
     model: TinyLM,
     opt: torch.optim.Optimizer,
-    gen: torch.Generator,
+    generators: dict[str, torch.Generator],
     *,
     batch_at: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     steps: int,
     lr_at: Callable[[int], float],
     ckpt_path: str,
-    digest: str,
+    ids: _JobIds,
+    out: str,
     every: int,
     label: str,
     slot: int,
@@ -200,18 +259,20 @@ def _train_resumable(
     world: int = 1,
 ) -> float | None:
     """Train from the checkpoint at ``ckpt_path`` if there is one (refused if made with other
-    settings), saving one every ``every`` steps and at the end; the last loss.
+    settings), saving one every ``every`` steps and at the end; the last loss. Every
+    generator the job draws from is in ``generators`` (by name) and in each checkpoint.
 
     ``batch_at`` gives the step's whole batch; with ``world`` > 1 rank ``rank`` trains on its
     slice (:func:`posemb.lab.distributed.train_sharded`), every rank resumes from the same
     checkpoint (checked) and rank 0 alone writes them.
     """
     step, last = 0, None
-    ckpt = load_checkpoint(ckpt_path, digest)
+    ckpt = load_checkpoint(ckpt_path, ids.train_digest, ids.train_key)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
+        for name, g in generators.items():
+            g.set_state(ckpt[name])
         step, last = int(ckpt["step"]), ckpt.get("loss")
     _dp.agree(step, f"checkpoint steps in {ckpt_path}", world)
     bar = _progress(steps, label, slot, quiet or rank != 0, initial=step)
@@ -220,14 +281,15 @@ def _train_resumable(
         bar(1, loss)
         if rank == 0 and (done % every == 0 or done == steps):
             state = {
-                "digest": digest,
+                "digest": ids.train_digest,
+                "settings": ids.train_key,
                 "step": done,
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
-                "generator": gen.get_state(),
                 "loss": loss,
             }
-            save_checkpoint(state, ckpt_path)
+            state |= {name: g.get_state() for name, g in generators.items()}
+            save_checkpoint(state, ckpt_path, out)
 
     loss = _dp.train_sharded(
         model, opt, batch_at, steps, lr_at, rank=rank, world=world, start=step, on_step=on_step
@@ -260,9 +322,10 @@ def run_retrieval_job(
     "seed", "train_seconds", "final_train_loss", "variants": {variant: retrieval.evaluate(...)}}``.
     """
     ckpt_path, result_path = job_paths(out, encoding, seed, "retrieval")
-    digest = cfg.digest(encoding, seed, "retrieval")
-    done = load_result(result_path, digest)
-    if done is not None:
+    ids = _JobIds.of(cfg, encoding, seed, "retrieval")
+    done = load_result(result_path, ids.digest, ids.train_digest, ids.key)
+    retrain = done is not None and _checkpoint_missing(cfg, "retrieval", encoding, seed, out)
+    if done is not None and not retrain:
         return done
     torch.manual_seed(seed)
     model = retrieval_model(cfg, encoding)
@@ -272,20 +335,23 @@ def run_retrieval_job(
     loss = _train_resumable(
         model,
         opt,
-        gen,
+        {"generator": gen},
         batch_at=lambda _: _retrieval.training_batch(
             cfg.retrieval_batch, cfg.train_len, cfg.retrieval_facts, gen
         ),
         steps=cfg.retrieval_steps,
         lr_at=lambda s: warmup_cosine(s, cfg.retrieval_steps, cfg.retrieval_lr),
         ckpt_path=ckpt_path,
-        digest=digest,
+        ids=ids,
+        out=out,
         every=cfg.checkpoint_every,
         label=f"retrieval {encoding} seed {seed}",
         slot=slot,
         quiet=quiet,
     )
     train_s = time.time() - started
+    if done is not None:  # retrained only for the checkpoint the race needs
+        return done
 
     def probe() -> dict[str, dict[str, object]]:
         return _retrieval.evaluate(
@@ -315,7 +381,7 @@ def run_retrieval_job(
                 variants[variant] = per_len
         model.set_scaling(None)
     result = {
-        "digest": digest,
+        **ids.stamp(),
         "kind": "retrieval",
         "encoding": encoding,
         "seed": seed,
@@ -323,7 +389,7 @@ def run_retrieval_job(
         "final_train_loss": loss,
         "variants": variants,
     }
-    atomic_write_bytes(result_path, json.dumps(result).encode())
+    write_file(out, result_path, json.dumps(result).encode())
     return result
 
 
@@ -344,8 +410,9 @@ def _trained(cfg: LabConfig, out: str, seed: int) -> tuple[TinyLM, TinyLM]:
     ret = retrieval_model(cfg, "rope")
     for model, kind, steps in ((lm, "lm", cfg.steps), (ret, "retrieval", cfg.retrieval_steps)):
         path = job_paths(out, "rope", seed, kind)[0]
-        ckpt = load_checkpoint(path, cfg.digest("rope", seed, kind))
-        if ckpt is None or int(ckpt["step"]) != steps:
+        ids = _JobIds.of(cfg, "rope", seed, kind)
+        ckpt = load_checkpoint(path, ids.train_digest, ids.train_key)
+        if ckpt is None or int(ckpt["step"]) != steps:  # phase one retrains a missing one
             raise InputError(f"the race needs the finished checkpoint {path}; run its job first")
         model.load_state_dict(ckpt["model"])
     return lm, ret
@@ -367,13 +434,13 @@ def run_race_job(
     "train_seconds", "milestones": {str(N): race.score(...)}}``.
     """
     ckpt_path, result_path = job_paths(out, entrant, seed, "race", race_seed)
-    digest = cfg.digest(entrant, seed, "race", race_seed)
-    done = load_result(result_path, digest)
+    ids = _JobIds.of(cfg, entrant, seed, "race", race_seed)
+    done = load_result(result_path, ids.digest, key=ids.key)
     if done is not None:
         return done
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)
     lm, ret = _trained(cfg, out, seed)
-    state = load_checkpoint(ckpt_path, digest)
+    state = load_checkpoint(ckpt_path, ids.digest, ids.key)
     setup = _race.RaceSetup(
         entrant=entrant,
         train_len=cfg.train_len,
@@ -397,14 +464,14 @@ def run_race_job(
 
     def on_milestone(st: dict) -> None:
         bar(1, None)
-        save_checkpoint(st | {"digest": digest}, ckpt_path)
+        save_checkpoint(st | {"digest": ids.digest, "settings": ids.key}, ckpt_path, out)
 
     milestones = _race.run(
         lm, ret, setup, data.train, held, gen, EVAL_SEED, state=state, on_milestone=on_milestone
     )
     bar(0, None, close=True)
     result = {
-        "digest": digest,
+        **ids.stamp(),
         "kind": "race",
         "encoding": entrant,
         "seed": seed,
@@ -412,7 +479,7 @@ def run_race_job(
         "train_seconds": time.time() - started,
         "milestones": milestones,
     }
-    atomic_write_bytes(result_path, json.dumps(result).encode())
+    write_file(out, result_path, json.dumps(result).encode())
     return result
 
 
@@ -540,28 +607,30 @@ def _finished(cfg: LabConfig, job: Job, out: str) -> dict:
     that would wait for the other ranks, which are already waiting for the report."""
     kind, name, seed, race_seed = job
     path = job_paths(out, name, seed, kind, race_seed)[1]
-    done = load_result(path, cfg.digest(name, seed, kind, race_seed))
+    ids = _JobIds.of(cfg, name, seed, kind, race_seed)
+    done = load_result(path, ids.digest, key=ids.key)
     if done is None:
         raise InputError(f"result {path} is missing: a rank did not finish its jobs")
     return done
 
 
 PROTOCOL = "protocol.json"
+INVOCATIONS = "invocations.json"
 
 
-def preflight(cfg: LabConfig, out: str) -> None:
-    """Refuse, before anything is written, an ``out`` that holds another protocol's results:
-    a protocol.json with other settings, or any job's result or checkpoint made with other
-    settings or unreadable (``ValueError`` naming the file)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise InputError(f"--out {out} is a file, not a folder")
+def preflight(cfg: LabConfig, out: str, force: bool = False) -> None:
+    """Refuse, before anything is written, an ``out`` the sweep must not write: a file; a
+    folder holding files the lab did not write or that changed since (unless ``force``,
+    which writes beside them and keeps them; :class:`posemb._owned.OwnedFolder`); a folder
+    that cannot be written; a protocol.json with other settings; or any job's result or
+    checkpoint made with other settings or unreadable (``ValueError`` naming the file).
+    """
+    OwnedFolder.claim(out, COMMAND, force=force, adopt=earlier_lab, writes=is_lab_file)
     path = os.path.join(out, PROTOCOL)
     if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                theirs = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            raise InputError(f"{path} cannot be read; use another --out") from None
+        theirs = read_json(path, "protocol file")
+        if not isinstance(theirs, dict):
+            raise InputError(f"{path} is not a posemb lab protocol; use another --out")
         ours = cfg.protocol()
         diff = [
             f"{k} {theirs.get(k)!r} != {ours.get(k)!r}"
@@ -576,12 +645,86 @@ def preflight(cfg: LabConfig, out: str) -> None:
     first, second = all_jobs(cfg)
     for kind, name, seed, race_seed in first + second:
         ckpt, result = job_paths(out, name, seed, kind, race_seed)
-        digest = cfg.digest(name, seed, kind, race_seed)
-        if load_result(result, digest) is None:
-            load_checkpoint(ckpt, digest)
+        ids = _JobIds.of(cfg, name, seed, kind, race_seed)
+        if kind == "race":
+            if load_result(result, ids.digest, key=ids.key) is None:
+                load_checkpoint(ckpt, ids.digest, ids.key)
+        elif load_result(result, ids.digest, ids.train_digest, ids.key) is None:
+            load_checkpoint(ckpt, ids.train_digest, ids.train_key)
+    _read_invocations(out)
 
 
-def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
+def check_corpus(cfg: LabConfig, data: _corpus.Corpus) -> None:
+    """Refuse a corpus too short for the windows the sweep draws from its training part
+    (training, fine-tuning, the race), before any model trains."""
+    needs = [("--train-len", cfg.train_len)]
+    if cfg.finetune_steps and cfg.finetune_len:
+        needs.append(("--finetune-len", cfg.finetune_len))
+    if "race" in cfg.tasks:
+        needs.append(("--race-len", cfg.race_len))
+    for flag, length in needs:
+        if len(data.train) < length + 2:  # a window is length + 1 characters, at any offset
+            raise InputError(
+                f"corpus {data.name!r} has {len(data.train):,} training characters: too few "
+                f"for {flag} {length} windows (needs {length + 2:,})"
+            )
+
+
+def _read_invocations(out: str) -> list[dict[str, Any]]:
+    """The earlier invocations of this sweep (how each ran), from ``invocations.json``."""
+    path = os.path.join(out, INVOCATIONS)
+    if not os.path.exists(path):
+        return []
+    runs = read_json(path, "invocations file")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise InputError(f"{path} is not a posemb lab invocations file; use another --out")
+    return runs
+
+
+def _phases(
+    cfg: LabConfig, out: str, rank: int, world: int, data_parallel: bool, quiet: bool
+) -> list[dict[str, object]]:
+    """Run both phases' jobs (this rank's share); how each phase ran."""
+    ran: list[dict[str, object]] = []
+    for label, phase in zip(("training", "race"), all_jobs(cfg), strict=True):
+        if not phase:
+            continue
+        if data_parallel:
+            # The group lives in this process: its jobs run here, all ranks together.
+            for job in (j for j in phase if j[0] == "lm"):
+                _run_one(cfg, job, out, quiet=quiet)
+            phase = [j for j in phase if j[0] != "lm"]
+        jobs = phase[rank::world]
+        workers = max(1, min(cfg.workers, len(jobs)))
+        threads = max(1, torch.get_num_threads() // workers)
+        args = [(cfg, job, out, i % workers, quiet, threads) for i, job in enumerate(jobs)]
+        started = time.time()
+        if workers == 1:
+            for a in args:
+                _worker(a)
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                pool.map(_worker, args, chunksize=1)
+        ran.append(
+            {
+                "phase": label,
+                "jobs": len(jobs),
+                "workers": workers,
+                "threads_per_worker": threads,
+                "ranks": world,
+                "seconds": time.time() - started,
+            }
+        )
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()  # phase two reads phase one's checkpoints
+    return ran
+
+
+def run(
+    cfg: LabConfig, out: str, quiet: bool = False, force: bool = False
+) -> dict[str, Any] | None:
     """Run (or resume) the sweep into ``out``; write results.json, results.md and plots.
 
     Phase one trains every LM and retrieval model; phase two runs the fine-tuning race from
@@ -593,14 +736,15 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
     are still dealt. Either way ``out`` must be a folder every rank can read (the same
     machine, or a shared filesystem). Only rank 0 returns the summary
     (:func:`posemb.lab.report.summarise`, plus ``plots``: the files written).
+
+    ``out`` is checked before anything runs (:func:`preflight`); with ``force`` the sweep
+    writes beside files it did not write, keeping them. Every invocation is recorded in
+    ``invocations.json`` (when, how long, workers and threads per phase, the machine), so
+    the report of a resumed sweep says so.
     """
     _dp.resolve_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
-    if len(data.train) < cfg.race_len + 2 and "race" in cfg.tasks:
-        raise InputError(
-            f"corpus {data.name!r} has {len(data.train):,} training characters: too few for "
-            f"--race-len {cfg.race_len} windows"
-        )
+    check_corpus(cfg, data)
     # A dealt sweep's group only waits at barriers: gloo does that whatever the device.
     rank, world = _dp.join(cfg.device if cfg.data_parallel else "cpu")
     data_parallel = cfg.data_parallel and world > 1
@@ -612,33 +756,12 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
             "trains every model",
             file=sys.stderr,
         )
-    preflight(cfg, out)
+    preflight(cfg, out, force=force)
     started = time.time()
+    earlier = _read_invocations(out)
     if rank == 0:
-        atomic_write_bytes(
-            os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode()
-        )
-    threads, workers = 1, 1
-    for phase in all_jobs(cfg):
-        if data_parallel:
-            # The group lives in this process: its jobs run here, all ranks together.
-            for job in (j for j in phase if j[0] == "lm"):
-                _run_one(cfg, job, out, quiet=quiet)
-            phase = [j for j in phase if j[0] != "lm"]
-        jobs = phase[rank::world]
-        workers = max(1, min(cfg.workers, len(jobs)))
-        threads = max(1, torch.get_num_threads() // workers)
-        args = [(cfg, job, out, i % workers, quiet, threads) for i, job in enumerate(jobs)]
-        if workers == 1:
-            for a in args:
-                _worker(a)
-        else:
-            with mp.get_context("spawn").Pool(workers) as pool:
-                pool.map(_worker, args, chunksize=1)
-        if world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()  # phase two reads phase one's checkpoints
+        write_file(out, os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode())
+    phases = _phases(cfg, out, rank, world, data_parallel, quiet)
     if rank != 0:
         import torch.distributed as dist
 
@@ -646,7 +769,10 @@ def run(cfg: LabConfig, out: str, quiet: bool = False) -> dict[str, Any] | None:
         return None
     first, second = all_jobs(cfg)
     results = [_finished(cfg, job, out) for job in first + second]
-    summary = report.summarise(cfg, data, results, time.time() - started, workers, threads)
+    wall = time.time() - started
+    runs = [*earlier, report.invocation(started, wall, phases, cfg.device)]
+    write_file(out, os.path.join(out, INVOCATIONS), json.dumps(runs, indent=1).encode())
+    summary = report.summarise(cfg, data, results, wall, runs=runs)
     report.write(summary, out)
     if world > 1:
         import torch.distributed as dist
@@ -662,6 +788,7 @@ __all__ = [
     "TASKS",
     "LabConfig",
     "all_jobs",
+    "check_corpus",
     "gpu_config",
     "job_paths",
     "jobs_for",

@@ -73,21 +73,32 @@ _VERDICT_WORDS = {
     "overstated": "overstates {n}",
     "incomplete": "leaves {n} incomplete",
 }
-_COUNTS = {1: "one thing", 2: "two things", 3: "three things", 4: "four things"}
+_NUMBERS = {1: "one", 2: "two", 3: "three", 4: "four"}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{_NUMBERS.get(n, str(n))} {noun}{'' if n == 1 else 's'}"
 
 
 def evidence_summary(rows: Sequence[dict[str, object]]) -> str:
     """The one line a screen's folded checks show: how many hold, and what the source lesson
-    gets wrong, e.g. "5 of 5 checks hold; the source lesson overstates one thing"."""
+    gets wrong, e.g. "5 of 5 checks hold; the source lesson overstates one thing".
+
+    Only a correction whose check passed says the source lesson is wrong; one whose check
+    failed in this build is counted apart, as not established."""
     held = sum(1 for r in rows if r["passed"])
     line = f"{held} of {len(rows)} checks hold in this build"
     parts = []
     for verdict, words in _VERDICT_WORDS.items():
-        n = sum(1 for r in rows if r["verdict"] == verdict)
+        n = sum(1 for r in rows if r["verdict"] == verdict and r["passed"])
         if n:
-            parts.append(words.format(n=_COUNTS.get(n, f"{n} things")))
+            parts.append(words.format(n=_count(n, "thing")))
     if parts:
         line += "; the source lesson " + " and ".join(parts)
+    failed = sum(1 for r in rows if r["verdict"] in _VERDICT_WORDS and not r["passed"])
+    if failed:
+        checks = "its check" if failed == 1 else "their checks"
+        line += f"; {_count(failed, 'correction')} failed {checks}"
     return line + " (open to see them)"
 
 
@@ -141,7 +152,9 @@ def render_page(
         passed=sum(1 for r in rows if r["passed"]),
         total=len(rows),
         failed=failed,
-        corrections=len(wrong),
+        # A correction whose check failed in this build is not established: not counted.
+        corrections=sum(1 for r in wrong if r["passed"]),
+        unconfirmed=sum(1 for r in wrong if not r["passed"]),
         parchment_png=parchment_png,
         parchment_svg=parchment_svg,
         parchment_alt=(
