@@ -317,3 +317,17 @@ def test_a_race_without_the_retrieval_task_reports_without_crashing(tmp_path):
     summary = sweep.run(cfg, str(tmp_path / "out"), quiet=True)  # crashed in _retrieval_md
     assert summary["retrieval"] is None and summary["race"]
     assert "fine-tuning race" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_a_killed_then_resumed_sweep_counts_the_killed_invocation(tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    _crash_after(monkeypatch, 25, lambda: sweep.run(TINY, out, quiet=True))  # mid second job
+    summary = sweep.run(TINY, out, quiet=True)
+    first, second = summary["invocations"]
+    assert first["interrupted"] and first["wall_seconds"] > 0 and first["phases"] == []
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "over 2 invocations (resumed 1 time(s), 1 after it was interrupted" in md
+    # A job's training time covers every invocation that trained it, not only the last.
+    resumed = json.loads((tmp_path / "out" / "runs" / "sinusoidal-seed0.json").read_text())
+    ckpt = torch.load(tmp_path / "out" / "checkpoints" / "sinusoidal-seed0.pt", weights_only=True)
+    assert resumed["train_seconds"] == pytest.approx(ckpt["seconds"], rel=0.2)

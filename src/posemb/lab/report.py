@@ -70,14 +70,15 @@ def machine_description(device: str = "cpu") -> dict[str, object]:
 
 
 def invocation(
-    started: float, wall: float, phases: Sequence[dict], device: str = "cpu"
+    started: float, wall: float | None, phases: Sequence[dict], device: str = "cpu"
 ) -> dict[str, object]:
-    """One invocation of a sweep as ``invocations.json`` records it: when it started (UTC),
-    its wall time, how each phase ran (jobs, workers, threads per worker, ranks, seconds) and
-    the machine."""
+    """One invocation of a sweep as ``invocations.json`` records it: when it started (UTC, and
+    as a Unix time), its wall time (None while it runs: one that stays None was killed), how
+    each phase ran (jobs, workers, threads per worker, ranks, seconds) and the machine."""
     when = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds")
     return {
         "started": when,
+        "started_unix": started,
         "wall_seconds": wall,
         "phases": [dict(p) for p in phases],
         "machine": machine_description(device),
@@ -162,7 +163,8 @@ def how_it_ran(summary: dict) -> str:
     runs = summary.get("invocations")
     if not runs:  # a summary from before invocations were recorded
         return f"{summary.get('wall_seconds', 0):.0f} s wall"
-    total = sum(float(r["wall_seconds"]) for r in runs)
+    total = sum(float(r["wall_seconds"] or 0.0) for r in runs)
+    killed = sum(1 for r in runs if r.get("interrupted"))
     last = runs[-1]
     phases = (
         ", ".join(
@@ -173,11 +175,16 @@ def how_it_ran(summary: dict) -> str:
         )
         or "every job already done"
     )
-    text = f"{total:.0f} s wall"
+    text = f"{'about ' if killed else ''}{total:.0f} s wall"
     if len(runs) > 1:
         text += (
-            f" over {len(runs)} invocations (resumed {len(runs) - 1} time(s); this one "
-            f"{float(last['wall_seconds']):.0f} s)"
+            f" over {len(runs)} invocations (resumed {len(runs) - 1} time(s)"
+            + (
+                f", {killed} after it was interrupted: its time runs to the last file it wrote"
+                if killed
+                else ""
+            )
+            + f"; this one {float(last['wall_seconds'] or 0.0):.0f} s)"
         )
     text += f"; {phases}"
     m = summary.get("machine")

@@ -147,10 +147,9 @@ def run_job(
     # global one is shared with whatever else runs in the process, and is not saved). Ranks
     # draw different positions, as they train different rows.
     model.position_generator = torch.Generator().manual_seed(_POSITION_SEED + seed + 7919 * rank)
-    started = time.time()
     # Every rank draws the whole batch from the same generator (a one-process run's data) and
     # trains on its slice; the generator's state in a checkpoint is then every rank's.
-    last_loss = _train_resumable(
+    last_loss, train_s = _train_resumable(
         model,
         opt,
         {"generator": gen, "position_generator": model.position_generator},
@@ -167,7 +166,6 @@ def run_job(
         rank=rank,
         world=world,
     )
-    train_s = time.time() - started
     if rank != 0:
         return _dp.from_rank0(None, world)
     if done is not None:  # retrained only for the checkpoint a later job needs
@@ -257,18 +255,21 @@ def _train_resumable(
     quiet: bool,
     rank: int = 0,
     world: int = 1,
-) -> float | None:
+) -> tuple[float | None, float]:
     """Train from the checkpoint at ``ckpt_path`` if there is one (refused if made with other
-    settings), saving one every ``every`` steps and at the end; the last loss. Every
-    generator the job draws from is in ``generators`` (by name) and in each checkpoint.
+    settings), saving one every ``every`` steps and at the end; the last loss and the seconds
+    spent training, over every invocation that trained this job (a checkpoint keeps them).
+    Every generator the job draws from is in ``generators`` (by name) and in each checkpoint.
 
     ``batch_at`` gives the step's whole batch; with ``world`` > 1 rank ``rank`` trains on its
     slice (:func:`posemb.lab.distributed.train_sharded`), every rank resumes from the same
     checkpoint (checked) and rank 0 alone writes them.
     """
-    step, last = 0, None
+    step, last, earlier = 0, None, 0.0
+    started = time.time()
     ckpt = load_checkpoint(ckpt_path, ids.train_digest, ids.train_key)
     if ckpt is not None:
+        earlier = float(ckpt.get("seconds", 0.0))
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         for name, g in generators.items():
@@ -287,6 +288,7 @@ def _train_resumable(
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
                 "loss": loss,
+                "seconds": earlier + time.time() - started,
             }
             state |= {name: g.get_state() for name, g in generators.items()}
             save_checkpoint(state, ckpt_path, out)
@@ -295,7 +297,7 @@ def _train_resumable(
         model, opt, batch_at, steps, lr_at, rank=rank, world=world, start=step, on_step=on_step
     )
     bar(0, None, close=True)
-    return last if loss is None else loss
+    return (last if loss is None else loss), earlier + time.time() - started
 
 
 def retrieval_model(cfg: LabConfig, encoding: str) -> TinyLM:
@@ -331,8 +333,7 @@ def run_retrieval_job(
     model = retrieval_model(cfg, encoding)
     opt = adamw(model, cfg.retrieval_lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
-    started = time.time()
-    loss = _train_resumable(
+    loss, train_s = _train_resumable(
         model,
         opt,
         {"generator": gen},
@@ -349,7 +350,6 @@ def run_retrieval_job(
         slot=slot,
         quiet=quiet,
     )
-    train_s = time.time() - started
     if done is not None:  # retrained only for the checkpoint the race needs
         return done
 
@@ -460,11 +460,13 @@ def run_race_job(
     # Paired: every entrant of (seed, race_seed) draws the same batches.
     gen = torch.Generator().manual_seed(100_003 * (seed + 1) + race_seed)
     started = time.time()
+    earlier = float(state.get("seconds", 0.0)) if state else 0.0
     bar = _progress(len(cfg.race_steps), f"race {entrant} {seed}/{race_seed}", slot, quiet)
 
     def on_milestone(st: dict) -> None:
         bar(1, None)
-        save_checkpoint(st | {"digest": ids.digest, "settings": ids.key}, ckpt_path, out)
+        st = st | {"digest": ids.digest, "settings": ids.key}
+        save_checkpoint(st | {"seconds": earlier + time.time() - started}, ckpt_path, out)
 
     milestones = _race.run(
         lm, ret, setup, data.train, held, gen, EVAL_SEED, state=state, on_milestone=on_milestone
@@ -476,7 +478,7 @@ def run_race_job(
         "encoding": entrant,
         "seed": seed,
         "race_seed": race_seed,
-        "train_seconds": time.time() - started,
+        "train_seconds": earlier + time.time() - started,
         "milestones": milestones,
     }
     write_file(out, result_path, json.dumps(result).encode())
@@ -681,6 +683,23 @@ def _read_invocations(out: str) -> list[dict[str, Any]]:
     return runs
 
 
+def _closed(runs: list[dict[str, Any]], out: str, now: float) -> list[dict[str, Any]]:
+    """``runs`` with each invocation that never finished (killed) given the wall time up to
+    the last file the sweep wrote before ``now``: an estimate, marked as one."""
+    stamps = []
+    for root, _dirs, files in os.walk(out):
+        stamps += [os.path.getmtime(os.path.join(root, f)) for f in files]
+    out_runs = []
+    for i, r in enumerate(runs):
+        if r.get("wall_seconds") is None and isinstance(r.get("started_unix"), (int, float)):
+            start = float(r["started_unix"])
+            nxt = runs[i + 1].get("started_unix", now) if i + 1 < len(runs) else now
+            last = max((t for t in stamps if start <= t < float(nxt)), default=start)
+            r = r | {"wall_seconds": last - start, "interrupted": True}
+        out_runs.append(r)
+    return out_runs
+
+
 def _phases(
     cfg: LabConfig, out: str, rank: int, world: int, data_parallel: bool, quiet: bool
 ) -> list[dict[str, object]]:
@@ -758,9 +777,12 @@ def run(
         )
     preflight(cfg, out, force=force)
     started = time.time()
-    earlier = _read_invocations(out)
+    earlier = _closed(_read_invocations(out), out, started)
     if rank == 0:
         write_file(out, os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode())
+        # Recorded now, so that a killed invocation is still counted when the sweep resumes.
+        begun = [*earlier, report.invocation(started, None, [], cfg.device)]
+        write_file(out, os.path.join(out, INVOCATIONS), json.dumps(begun, indent=1).encode())
     phases = _phases(cfg, out, rank, world, data_parallel, quiet)
     if rank != 0:
         import torch.distributed as dist
