@@ -20,41 +20,52 @@ import tempfile
 COMMAND = "make docs"
 
 
-def _earlier_site(root: pathlib.Path, present: list[str]) -> bool:
-    # Before the manifest existed `make docs` left an mkdocs site with the lesson inside.
-    index = root / "index.html"
+def _looks_like_an_earlier_site(root: pathlib.Path) -> bool:
+    # Before the manifest existed, `make docs` left an mkdocs site with the lesson inside.
     try:
-        head = index.read_text(encoding="utf-8")[:4000]
+        head = (root / "index.html").read_text(encoding="utf-8")[:4000]
     except (OSError, UnicodeDecodeError):
         return False
-    return 'name="generator" content="mkdocs-' in head and "lesson/index.html" in present
+    return 'name="generator" content="mkdocs-' in head and (root / "lesson").is_dir()
+
+
+def _build(into: pathlib.Path) -> set[str]:
+    """The site and the lesson in it, built into ``into``; the files, relative."""
+    from posemb.lesson import page
+
+    env = os.environ | {"NO_MKDOCS_2_WARNING": "1"}
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(into)]
+    subprocess.run(cmd, check=True, env=env)
+    page.build_lesson(into / "lesson")
+    files = {p.relative_to(into).as_posix() for p in into.rglob("*") if p.is_file()}
+    return {rel for rel in files if not rel.startswith("lesson/.posemb-")}  # the site lists them
 
 
 def main(argv: list[str]) -> int:
     from posemb._errors import InputError
     from posemb._owned import OwnedFolder
-    from posemb.lesson import page
 
-    target = argv[0] if argv else "site"
-    try:
-        folder = OwnedFolder.claim(target, COMMAND, adopt=_earlier_site)
-    except InputError as err:
-        print(f"make docs: error: {err}", file=sys.stderr)
-        return 2
+    target = pathlib.Path(argv[0] if argv else "site")
     with tempfile.TemporaryDirectory(prefix="posemb-site-") as tmp:
         built = pathlib.Path(tmp) / "site"
-        env = os.environ | {"NO_MKDOCS_2_WARNING": "1"}
-        cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(built)]
-        subprocess.run(cmd, check=True, env=env)
-        page.build_lesson(built / "lesson")
-        written = set()
-        for path in sorted(p for p in built.rglob("*") if p.is_file()):
-            rel = path.relative_to(built).as_posix()
-            if rel.startswith("lesson/.posemb-"):
-                continue  # the lesson's own manifest: the site's lists its files
-            folder.write_bytes(rel, path.read_bytes())
-            written.add(rel)
-    folder.prune(keep=written.__contains__)
+        try:
+            try:
+                folder = OwnedFolder.claim(target, COMMAND)
+                files = _build(built)
+            except InputError:
+                if not _looks_like_an_earlier_site(target):
+                    raise
+                # An earlier make docs' site: only what this build writes is taken as its own
+                # (anything else there stays a file it did not write, and is refused).
+                files = _build(built)
+                folder = OwnedFolder.claim(target, COMMAND, adopt=lambda _r, _p: files)
+        except InputError as err:
+            print(f"make docs: error: {err}", file=sys.stderr)
+            return 2
+        folder.settle()
+        for rel in sorted(files):
+            folder.write_bytes(rel, (built / rel).read_bytes())
+    folder.prune(keep=files.__contains__)
     print(f"open file://{folder.path / 'index.html'}")
     return 0
 

@@ -232,3 +232,33 @@ def test_make_docs_refuses_a_site_folder_holding_a_users_files(tmp_path):
     )
     assert done.returncode == 2 and "did not write (thesis.tex)" in done.stderr, done.stderr
     assert sorted(p.name for p in site.iterdir()) == ["thesis.tex"]
+
+
+def test_make_docs_takes_over_an_earlier_site_but_not_a_users_file_in_it(tmp_path, monkeypatch):
+    """A site an earlier make docs left (no manifest) is taken over file by file: only what this
+    build writes; a user's notes in it are refused (they were adopted, then pruned, before)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_docs", ROOT / "scripts" / "build_docs.py")
+    build_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_docs)
+    page = '<html><head><meta name="generator" content="mkdocs-1.6"></head></html>'
+
+    def fake_build(into):
+        (into / "lesson").mkdir(parents=True)
+        (into / "index.html").write_text(page + "new")
+        (into / "lesson" / "index.html").write_text("lesson")
+        return {"index.html", "lesson/index.html"}
+
+    monkeypatch.setattr(build_docs, "_build", fake_build)
+    site = tmp_path / "site"
+    (site / "lesson").mkdir(parents=True)
+    (site / "index.html").write_text(page)
+    (site / "lesson" / "index.html").write_text("old lesson")
+    (site / "my-notes.md").write_text("mine")
+    assert build_docs.main([str(site)]) == 2
+    assert (site / "my-notes.md").read_text() == "mine"
+    assert (site / "index.html").read_text() == page  # nothing written
+    (site / "my-notes.md").unlink()
+    assert build_docs.main([str(site)]) == 0
+    assert (site / "index.html").read_text() == page + "new"

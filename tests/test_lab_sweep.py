@@ -325,9 +325,59 @@ def test_a_killed_then_resumed_sweep_counts_the_killed_invocation(tmp_path, monk
     summary = sweep.run(TINY, out, quiet=True)
     first, second = summary["invocations"]
     assert first["interrupted"] and first["wall_seconds"] > 0 and first["phases"] == []
+    assert not second.get("interrupted") and len(second["phases"]) == 1
     md = (tmp_path / "out" / "results.md").read_text()
     assert "over 2 invocations (resumed 1 time(s), 1 after it was interrupted" in md
     # A job's training time covers every invocation that trained it, not only the last.
     resumed = json.loads((tmp_path / "out" / "runs" / "sinusoidal-seed0.json").read_text())
     ckpt = torch.load(tmp_path / "out" / "checkpoints" / "sinusoidal-seed0.pt", weights_only=True)
     assert resumed["train_seconds"] == pytest.approx(ckpt["seconds"], rel=0.2)
+
+
+def test_force_writes_beside_a_users_file_in_a_folder_without_a_manifest(tmp_path):
+    # Was refused ("claim the folder first") by the writes after --force's claim passed.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    sweep.run(TINY, str(out), quiet=True, force=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "results.md").exists()
+
+
+def test_an_earlier_labs_folder_is_taken_over_but_never_a_users_files_in_it(tmp_path, capsys):
+    out = tmp_path / "old"
+    sweep.run(TINY, str(out), quiet=True)
+    os.unlink(out / ".posemb-owned.json")  # as a posemb before manifests left it
+    (out / "my_plot.png").write_text("my plot")
+    (out / "runs" / "my-notes.json").write_text("{}")
+    with pytest.raises(InputError, match=r"did not write \(my_plot\.png, runs/my-notes\.json"):
+        sweep.run(TINY, str(out), quiet=True)
+    assert not (out / ".posemb-owned.json").exists()  # a refusal writes nothing
+    os.unlink(out / "my_plot.png")
+    os.unlink(out / "runs" / "my-notes.json")
+    sweep.run(TINY, str(out), quiet=True)  # only the lab's own files: taken over
+    assert "results.md" in json.loads((out / ".posemb-owned.json").read_text())["files"]
+
+
+def test_a_killed_randomized_retrieval_job_resumes_to_the_same_result(tmp_path, monkeypatch):
+    cfg = dataclasses.replace(
+        TINY_RACE, variants=("randomized",), tasks=("retrieval",), retrieval_steps=20
+    )
+    whole = sweep.run_retrieval_job(cfg, "randomized", 0, str(tmp_path / "a"), quiet=True)
+    out = str(tmp_path / "b")
+    _crash_after(
+        monkeypatch, 15, lambda: sweep.run_retrieval_job(cfg, "randomized", 0, out, quiet=True)
+    )
+    torch.manual_seed(999)
+    resumed = sweep.run_retrieval_job(cfg, "randomized", 0, out, quiet=True)
+    assert resumed["final_train_loss"] == whole["final_train_loss"]
+    assert resumed["variants"] == whole["variants"]
+
+
+def test_deleting_checkpoints_after_a_finished_race_retrains_nothing(tmp_path):
+    out = tmp_path / "out"
+    sweep.run(TINY_RACE, str(out), quiet=True)
+    for ckpt in (out / "checkpoints").iterdir():
+        ckpt.unlink()
+    again = sweep.run(TINY_RACE, str(out), quiet=True)
+    assert not any((out / "checkpoints").iterdir())  # nothing needed them: none came back
+    assert again["invocations"][-1]["phases"][0]["jobs"] == 2

@@ -91,7 +91,8 @@ def test_another_commands_folder_and_a_broken_manifest_are_refused(tmp_path):
 
 def test_adopt_takes_an_earlier_posembs_folder(tmp_path):
     (tmp_path / "index.html").write_text("page")
-    folder = OwnedFolder.claim(tmp_path, CMD, adopt=lambda p, files: files == ["index.html"])
+    folder = OwnedFolder.claim(tmp_path, CMD, adopt=lambda p, files: {"index.html"})
+    folder.settle()
     assert set(folder.owned()) == {"index.html"}
     assert folder.prune(keep=lambda rel: False) == ["index.html"]
 
@@ -185,3 +186,84 @@ def test_force_never_replaces_a_file_it_did_not_write(tmp_path):
     with pytest.raises(ValueError, match="did not write it"):
         folder.write_bytes("index.html", b"ours")
     assert (tmp_path / "index.html").read_text() == "the user's page"
+
+
+def test_a_link_to_a_folder_inside_is_not_followed_nor_written_through(tmp_path):
+    root, user = tmp_path / "out", tmp_path / "userdata"
+    user.mkdir()
+    (user / "keep.txt").write_text("mine")
+    folder = OwnedFolder.claim(root, CMD)
+    folder.write_bytes("a.txt", b"1")
+    (root / "runs").symlink_to(user)
+    with pytest.raises(ValueError, match=r"did not write \(runs\)"):
+        OwnedFolder.claim(root, CMD)
+    with pytest.raises(ValueError, match="passes through the link"):
+        folder.write_bytes("runs/x.json", b"{}")
+    assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("key", ["../x", "/etc/passwd", "a/../../x", "./a", ""])
+def test_a_manifest_naming_a_path_outside_is_refused(tmp_path, key):
+    OwnedFolder.claim(tmp_path, CMD).write_bytes("a", b"1")
+    m = json.loads((tmp_path / MANIFEST).read_text())
+    m["files"][key] = ["0" * 64]
+    (tmp_path / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="not a readable posemb manifest"):
+        OwnedFolder.claim(tmp_path, CMD)
+
+
+def test_an_edit_made_after_the_claim_is_not_overwritten_without_force(tmp_path):
+    folder = OwnedFolder.claim(tmp_path, CMD)
+    folder.write_bytes("report.md", b"v1")
+    (tmp_path / "report.md").write_text("v1, with the user's notes")
+    with pytest.raises(ValueError, match="changed since; not replaced"):
+        folder.write_bytes("report.md", b"v2")
+    assert (tmp_path / "report.md").read_text() == "v1, with the user's notes"
+    OwnedFolder(tmp_path, CMD, force=True).write_bytes("report.md", b"v2")
+    assert (tmp_path / "report.md").read_bytes() == b"v2"
+    OwnedFolder.claim(tmp_path, CMD)
+
+
+def test_repeated_crashes_mid_write_leave_a_valid_manifest(tmp_path):
+    folder = OwnedFolder.claim(tmp_path, CMD)
+    folder.write_bytes("a.txt", b"first")
+    real = os.replace
+
+    def no_rename(src, dst):
+        if str(dst).endswith("a.txt"):
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    for attempt in (b"second", b"third"):
+        os.replace = no_rename
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                folder.write_bytes("a.txt", attempt)
+        finally:
+            os.replace = real
+    OwnedFolder.claim(tmp_path, CMD)  # was: "changed since" after two such crashes
+    assert (tmp_path / "a.txt").read_bytes() == b"first"
+
+
+def test_a_refused_adoption_writes_nothing_and_settle_cleans_stale_temporaries(tmp_path):
+    (tmp_path / "page.html").write_text("old page")
+    (tmp_path / "notes.md").write_text("mine")
+    with pytest.raises(ValueError, match=r"did not write \(notes\.md"):
+        OwnedFolder.claim(tmp_path, CMD, adopt=lambda root, present: {"page.html"})
+    assert not (tmp_path / MANIFEST).exists()
+    os.unlink(tmp_path / "notes.md")
+    stale = tmp_path / ".posemb-tmp-page.html.abcd1234.tmp"
+    stale.write_text("half a file")
+    os.utime(stale, (1, 1))
+    fresh = tmp_path / ".posemb-tmp-page.html.wxyz5678.tmp"
+    fresh.write_text("a write in progress")
+    folder = OwnedFolder.claim(tmp_path, CMD, adopt=lambda root, present: {"page.html"})
+    assert not (tmp_path / MANIFEST).exists()  # not before the command's own checks pass
+    folder.settle()
+    assert set(folder.owned()) == {"page.html"}
+    assert not stale.exists() and fresh.exists()
+
+
+def test_a_device_or_pipe_as_an_output_file_is_refused_without_reading_it():
+    with pytest.raises(ValueError, match="not a regular file"):
+        check_output_file("/dev/null", "--save", lambda data: True)

@@ -28,13 +28,17 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 
 from ._errors import InputError
 
 MANIFEST = ".posemb-owned.json"
 _TMP = ".posemb-tmp-"  # every temporary file of this module starts so; never a user's file
+_TMP_NAME = re.compile(re.escape(_TMP) + r".+\.[a-z0-9_]{8}\.tmp")  # tempfile's 8 characters
+_STALE_TMP_SECONDS = 3600  # a write in progress takes seconds; older is a killed one's
 _FORMAT = 1
 _LISTED = 5  # paths named in a refusal
 
@@ -85,7 +89,7 @@ def _probe(p: pathlib.Path) -> None:
             d.mkdir(exist_ok=True)
         if not p.is_dir():
             raise NotADirectoryError(20, "Not a directory")
-        fd, tmp = tempfile.mkstemp(dir=p, prefix=_TMP)
+        fd, tmp = tempfile.mkstemp(dir=p, prefix=f"{_TMP}probe.", suffix=".tmp")
         os.close(fd)
         os.unlink(tmp)
     finally:
@@ -117,6 +121,8 @@ def check_output_file(
     p = pathlib.Path(path)
     if p.is_dir():
         raise InputError(f"{what} {str(p)!r} is a folder; give a file name")
+    if p.exists() and not p.is_file():  # a pipe or a device: reading it to check could hang
+        raise InputError(f"{what} {str(p)!r} is not a regular file; give a file name")
     if p.exists() and not force:
         try:
             ours = is_ours(p.read_bytes())
@@ -148,6 +154,7 @@ class OwnedFolder:
         self.path = pathlib.Path(os.path.abspath(os.fspath(path)))
         self.command = command
         self.force = bool(force)
+        self._pending: dict[str, str] = {}  # adopted, written into the manifest by settle()
 
     def __repr__(self) -> str:
         return f"OwnedFolder({str(self.path)!r}, {self.command!r}, force={self.force})"
@@ -165,7 +172,7 @@ class OwnedFolder:
             data = None
         files = data.get("files") if isinstance(data, dict) else None
         if not isinstance(files, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(h, str) for h in v)
+            _relative(k) and isinstance(v, list) and all(isinstance(h, str) for h in v)
             for k, v in files.items()
         ):
             raise InputError(
@@ -184,13 +191,27 @@ class OwnedFolder:
         return self._read() or {}
 
     def _on_disk(self) -> list[str]:
+        """Every entry below the folder that is not a folder: files, and links of any kind
+        (a link to a folder is listed, never followed: it is not the command's)."""
         out = []
-        for root, _dirs, files in os.walk(self.path):
-            for name in files:
-                rel = os.path.relpath(os.path.join(root, name), self.path)
-                if rel != MANIFEST and not name.startswith(_TMP):
-                    out.append(pathlib.PurePath(rel).as_posix())
+        for root, dirs, files in os.walk(self.path):
+            links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+            for name in [*files, *links]:
+                rel = pathlib.PurePath(os.path.relpath(os.path.join(root, name), self.path))
+                if rel.as_posix() != MANIFEST and not _TMP_NAME.fullmatch(name):
+                    out.append(rel.as_posix())
         return sorted(out)
+
+    def _hash(self, rel: str) -> str | None:
+        """The file's SHA-256, None for a link or anything that is not a readable file (the
+        command writes plain files only, so such a thing is never its own)."""
+        p = self.path / rel
+        if p.is_symlink() or not p.is_file():
+            return None
+        try:
+            return sha256_file(p)
+        except OSError:
+            return None
 
     # --- claiming -----------------------------------------------------------------------
 
@@ -202,7 +223,7 @@ class OwnedFolder:
         *,
         what: str = "--out",
         force: bool = False,
-        adopt: Callable[[pathlib.Path, list[str]], bool] | None = None,
+        adopt: Callable[[pathlib.Path, list[str]], set[str]] | None = None,
         writes: Callable[[str], bool] | None = None,
     ) -> OwnedFolder:
         """Check ``path`` for ``command`` before it writes anything; nothing is written.
@@ -211,10 +232,11 @@ class OwnedFolder:
             path: the folder (it need not exist).
             command: the command that will write it.
             what: how errors name the folder (the flag).
-            force: accept files the command did not write (they are kept, never removed).
-            adopt: for a folder without a manifest, ``adopt(path, files)`` says whether an
-                earlier posemb wrote all of ``files`` (before manifests existed); then they
-                are registered as the command's own.
+            force: accept files the command did not write (they are kept, never replaced
+                or removed) and its own files edited since (replaced when written again).
+            adopt: for a folder without a manifest, ``adopt(path, files)`` returns those of
+                ``files`` an earlier posemb wrote (before manifests existed). Where that is
+                all of them, they become the command's own; :meth:`settle` records them.
             writes: ``writes(rel)`` says whether the command may write ``rel``; with
                 ``force``, a file it did not write at such a path is refused now, as
                 :meth:`write` would refuse it later.
@@ -227,7 +249,7 @@ class OwnedFolder:
         self = cls(path, command, force)
         if self.path.exists() and not self.path.is_dir():
             raise InputError(f"{what} {str(path)!r} is a file; give a folder")
-        probe_writable(self.path, what)  # first: adopting a folder writes its manifest
+        probe_writable(self.path, what)
         if self.path.is_dir():
             self._check_contents(what, adopt, writes or (lambda rel: False))
         return self
@@ -235,14 +257,17 @@ class OwnedFolder:
     def _check_contents(
         self,
         what: str,
-        adopt: Callable[[pathlib.Path, list[str]], bool] | None,
+        adopt: Callable[[pathlib.Path, list[str]], set[str]] | None,
         writes: Callable[[str], bool],
     ) -> None:
         files = self._read()
         present = self._on_disk()
-        if files is None and present and adopt is not None and adopt(self.path, present):
-            self._register({rel: sha256_file(self.path / rel) for rel in present})
-            return
+        earlier: set[str] = set()
+        if files is None and present and adopt is not None:
+            earlier = adopt(self.path, present) & set(present)
+            if earlier == set(present):
+                self._pending = {rel: self._hash(rel) or "" for rel in present}
+                return
         foreign = [rel for rel in present if rel not in (files or {})]
         in_the_way = [rel for rel in foreign if writes(rel)]
         if self.force and in_the_way:
@@ -251,41 +276,44 @@ class OwnedFolder:
                 f"it writes its own ({_names(in_the_way)}); --force keeps files it did not "
                 f"write and never replaces them: move them, or give another folder"
             )
-        if files is None:
-            if not present or self.force:
-                return
-            raise InputError(
-                f"{what} {str(self.path)!r} holds files that {self.command} did not write "
-                f"({_names(present)}); give an empty or new folder, or pass --force to write "
-                f"beside them (they are kept)"
-            )
-        changed = [
-            rel
-            for rel in present
-            if rel in files and sha256_file(self.path / rel) not in files[rel]
-        ]
+        listed = files or {}
+        changed = [rel for rel in present if rel in listed and self._hash(rel) not in listed[rel]]
         if (foreign or changed) and not self.force:
+            # What is not the command's first: an earlier posemb's files are not the problem.
+            foreign.sort(key=lambda rel: rel in earlier)
             parts = []
             if foreign:
                 parts.append(f"files {self.command} did not write ({_names(foreign)})")
             if changed:
                 parts.append(f"files changed since {self.command} wrote them ({_names(changed)})")
             raise InputError(
-                f"{what} {str(self.path)!r} holds {' and '.join(parts)}; move them, give "
-                f"another folder, or pass --force (files it did not write are kept)"
+                f"{what} {str(self.path)!r} holds {' and '.join(parts)}; move them or give "
+                f"another folder; --force writes beside files it did not write (kept) and "
+                f"replaces its own edited ones"
             )
 
+    def settle(self) -> None:
+        """Record the files :meth:`claim` adopted (the caller's own checks have passed), and
+        remove temporary files that a killed write of this command left behind."""
+        with self._locked():
+            if self._pending and self._read() is None:
+                self._write_manifest({rel: [h] for rel, h in self._pending.items() if h})
+            self._pending = {}
+            cutoff = time.time() - _STALE_TMP_SECONDS
+            for root, _dirs, names in os.walk(self.path):
+                for name in names:
+                    p = os.path.join(root, name)
+                    if _TMP_NAME.fullmatch(name) and os.path.getmtime(p) < cutoff:
+                        with contextlib.suppress(OSError):
+                            os.unlink(p)
+
     @classmethod
-    def open(cls, path: str | os.PathLike[str], command: str, force: bool = False) -> OwnedFolder:
-        """A folder ``command`` already claimed: refused only where another command's
-        manifest is there, or files without one (no file is hashed; :meth:`claim` does that).
-        """
-        self = cls(path, command, force)
-        if self.path.is_dir() and self._read() is None and self._on_disk() and not force:
-            raise InputError(
-                f"{str(self.path)!r} holds files that {command} did not write; claim the "
-                f"folder first ({command} does, refusing such a folder)"
-            )
+    def open(cls, path: str | os.PathLike[str], command: str) -> OwnedFolder:
+        """A folder ``command`` already claimed, to write into (refused only where another
+        command's manifest is there; every write refuses a file the command did not write)."""
+        self = cls(path, command)
+        if self.path.is_dir():
+            self._read()
         return self
 
     # --- writing ------------------------------------------------------------------------
@@ -308,7 +336,7 @@ class OwnedFolder:
             "removes or overwrites a file this list does not hold with that hash",
             "files": dict(sorted(files.items())),
         }
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=_TMP)
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f"{_TMP}{MANIFEST}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(body, f, indent=1)
@@ -319,33 +347,41 @@ class OwnedFolder:
                 os.unlink(tmp)
             raise
 
-    def _register(self, new: dict[str, str]) -> None:
-        """Accept each ``rel -> hash`` as well as the hash the file has now (both are listed
-        until the next write, so a crash between the two steps leaves a valid manifest)."""
-        with self._locked():
-            files = self._read() or {}
-            for rel, h in new.items():
-                files[rel] = [*files.get(rel, [])[-1:], h] if h not in files.get(rel, []) else [h]
-            self._write_manifest(files)
-
     def write(self, rel: str, writer: Callable[[str], object]) -> pathlib.Path:
         """Write ``rel`` (a relative path) atomically: ``writer(tmp)`` writes the whole file.
 
+        The new file's hash is accepted, beside the one on disk, before the rename, so a crash
+        between the two leaves a manifest that accepts what is there.
+
         Raises:
-            ValueError: ``rel`` leaves the folder, or names a file this command did not
-                write (``force`` or not).
+            ValueError: ``rel`` leaves the folder (or passes through a link); or a file is
+                there that this command did not write, or that changed since it wrote it
+                (unless ``force``, which replaces the command's own edited files only).
         """
         target = self._target(rel)
         rel = target.relative_to(self.path).as_posix()
-        if target.exists() and rel not in self.owned():
-            raise InputError(f"{target} exists and {self.command} did not write it; not replaced")
         target.parent.mkdir(parents=True, exist_ok=True)
+        self._target(rel)  # again: the folders now exist, and none may be a link
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{_TMP}{target.name}.", suffix=".tmp")
         os.close(fd)
         try:
             writer(tmp)
             _share(tmp)
-            self._register({rel: sha256_file(tmp)})
+            new = sha256_file(tmp)
+            with self._locked():
+                files = self._read() or {}
+                files |= {k: [h] for k, h in self._pending.items() if h and k not in files}
+                accepted = files.get(rel, [])
+                now = self._hash(rel) if (target.exists() or target.is_symlink()) else None
+                if (target.exists() or target.is_symlink()) and (
+                    rel not in files or (now not in accepted and not self.force)
+                ):
+                    why = (
+                        "did not write it" if rel not in files else "wrote it, and it changed since"
+                    )
+                    raise InputError(f"{target} is there and {self.command} {why}; not replaced")
+                files[rel] = [h for h in (now, new) if h is not None and h in (*accepted, new)]
+                self._write_manifest(files)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -365,9 +401,9 @@ class OwnedFolder:
             files = self._read() or {}
             if rel not in files:
                 return False
-            if target.exists():
-                if sha256_file(target) not in files[rel]:
-                    return False  # someone changed it: theirs now
+            if target.exists() or target.is_symlink():
+                if self._hash(rel) not in files[rel]:
+                    return False  # someone changed or replaced it: theirs now
                 target.unlink()
             del files[rel]
             self._write_manifest(files)
@@ -389,7 +425,21 @@ class OwnedFolder:
         target = pathlib.Path(os.path.abspath(self.path / rel))
         if target == self.path / MANIFEST or self.path not in target.parents:
             raise InputError(f"{rel!r} is not a file inside {str(self.path)!r}")
+        # No folder between the root and the file may be a link (it could lead anywhere).
+        for folder in target.parents:
+            if folder == self.path:
+                break
+            if folder.is_symlink():
+                raise InputError(f"{rel!r} passes through the link {folder}; not written")
         return target
+
+
+def _relative(rel: object) -> bool:
+    """Whether a manifest key is a plain relative path inside the folder."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/"):
+        return False
+    parts = pathlib.PurePosixPath(rel).parts
+    return ".." not in parts and "." not in parts and rel == pathlib.PurePosixPath(rel).as_posix()
 
 
 def _share(path: str) -> None:

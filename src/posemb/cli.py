@@ -60,8 +60,10 @@ def _is_claims_file(data: bytes) -> bool:
         rows = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(rows, list) and all(
-        isinstance(r, dict) and "posemb" in r and "id" in r for r in rows
+    return (
+        isinstance(rows, list)
+        and bool(rows)
+        and all(isinstance(r, dict) and "posemb" in r and "id" in r for r in rows)
     )
 
 
@@ -356,7 +358,8 @@ def _add_lesson(sub: Any) -> None:
     lesson.add_argument(
         "--force",
         action="store_true",
-        help="write into a folder holding files this command did not write (they are kept)",
+        help="write into a folder holding files this command did not write (kept, never "
+        "replaced) or its own files edited since (replaced)",
     )
     lesson.set_defaults(func=_cmd_lesson)
 
@@ -521,7 +524,8 @@ def _add_lab(sub: Any) -> None:
     lab.add_argument(
         "--force",
         action="store_true",
-        help="write into a folder holding files the lab did not write (they are kept)",
+        help="write into a folder holding files the lab did not write (kept, never replaced) "
+        "or its own files edited since (replaced)",
     )
     lab.add_argument(
         "--preset",

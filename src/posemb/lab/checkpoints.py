@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 
 import torch
 
@@ -22,7 +23,14 @@ from .._io import read_json
 from .._owned import OwnedFolder
 
 COMMAND = "posemb lab"
-_LAB_FILE = ("protocol.json", "invocations.json", "results.json", "results.md")
+PLOT_FILES = (
+    "loss_vs_length.png",
+    "loss_vs_position.png",
+    "retrieval.png",
+    "entropy.png",
+    "race.png",
+)
+LAB_FILES = ("protocol.json", "invocations.json", "results.json", "results.md", *PLOT_FILES)
 _JOB_FILES = (("runs", ".json"), ("checkpoints", ".pt"))
 
 
@@ -51,23 +59,45 @@ def write_file(out: str, path: str, data: bytes) -> None:
     folder(out).write_bytes(os.path.relpath(path, out), data)
 
 
-def earlier_lab(root: pathlib.Path, present: list[str]) -> bool:
-    """Whether a folder without an ownership manifest is one an earlier posemb lab wrote: a
-    readable ``protocol.json``, and every file named as the lab names its files."""
-    try:
-        protocol = json.loads((root / "protocol.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(protocol, dict) or "posemb" not in protocol:
-        return False
-    return all(is_lab_file(rel) for rel in present)
+def _job_name() -> re.Pattern[str]:
+    from .model import VARIANTS
+
+    names = "|".join(re.escape(v) for v in VARIANTS)
+    return re.compile(rf"(?:retrieval-)?(?:{names})-seed\d+|race-(?:{names})-seed\d+-race\d+")
 
 
 def is_lab_file(rel: str) -> bool:
-    """Whether a relative path is named as the lab names its files (it may write there)."""
+    """Whether a relative path is one the lab writes: its report files and plots, or a job's
+    result or checkpoint by the lab's naming (never a user's ``my_plot.png``)."""
     p = pathlib.PurePosixPath(rel)
-    top = len(p.parts) == 1 and (rel in _LAB_FILE or p.suffix == ".png")
-    return top or (len(p.parts) == 2 and (p.parts[0], p.suffix) in _JOB_FILES)
+    if len(p.parts) == 1:
+        return rel in LAB_FILES
+    if len(p.parts) != 2 or (p.parts[0], p.suffix) not in _JOB_FILES:
+        return False
+    return _job_name().fullmatch(p.stem) is not None
+
+
+def earlier_lab(root: pathlib.Path, present: list[str]) -> set[str]:
+    """Of a folder without an ownership manifest, the files an earlier posemb lab wrote (it
+    is taken over when that is all of them): a readable ``protocol.json`` of the lab, and
+    files of the lab's names, results among them that read as results."""
+    try:
+        protocol = json.loads((root / "protocol.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return set()
+    if not isinstance(protocol, dict) or "posemb" not in protocol:
+        return set()
+
+    def looks_like_a_result(rel: str) -> bool:
+        if not rel.startswith("runs/"):
+            return True
+        try:
+            done = json.loads((root / rel).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return False
+        return isinstance(done, dict) and isinstance(done.get("digest"), str)
+
+    return {rel for rel in present if is_lab_file(rel) and looks_like_a_result(rel)}
 
 
 def save_checkpoint(state: dict, path: str, out: str) -> None:
@@ -145,6 +175,8 @@ def load_result(
 
 __all__ = [
     "COMMAND",
+    "LAB_FILES",
+    "PLOT_FILES",
     "earlier_lab",
     "folder",
     "is_lab_file",

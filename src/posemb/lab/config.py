@@ -318,6 +318,8 @@ class LabConfig:
             return _json_ready(key)
         if kind == "lm":
             evaluation = {k: d[k] for k in _LM_EVAL_KEYS} | {"scalings": scalings}
+            if encoding != "rope":  # only the rope model is fine-tuned with PI
+                evaluation = {k: v for k, v in evaluation.items() if not k.startswith("finetune")}
             evaluation["entropy"] = "entropy" in self.tasks
             train = lm_train
         else:

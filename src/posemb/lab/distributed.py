@@ -202,9 +202,10 @@ def train_sharded(
         The last step's training loss (that mean), or None when no step ran.
 
     With ``world`` > 1 the global random generator of ranks > 0 is reseeded (from the job's
-    seed and the rank), so that randomised positions, drawn in the forward pass, differ
-    between ranks; that variant then matches a one-process run in distribution, every other
-    one up to float rounding.
+    seed and the rank), so that a model drawing from it in the forward pass draws differently
+    on each rank. The lab's :class:`~posemb.lab.model.TinyLM` does not: it draws randomised
+    positions from its own generator, the whole batch's on every rank (``position_shard``),
+    so it matches a one-process run up to float rounding, as every other variant does.
     """
     device = next(model.parameters()).device
 

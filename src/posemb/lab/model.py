@@ -131,6 +131,10 @@ class TinyLM(nn.Module):
         # state with the checkpoint) so that a resumed run draws what an unbroken one would;
         # None draws from torch's global generator.
         self.position_generator: torch.Generator | None = None
+        # (rank, world) of data-parallel training: every rank draws the whole batch's positions
+        # from the same generator and keeps its rows, as it does with the data, so that one
+        # saved generator state resumes every rank and the run matches one process exactly.
+        self.position_shard: tuple[int, int] = (0, 1)
         if cfg.encoding == "randomized":
             attn_enc = "rope"
         self.blocks = nn.ModuleList(
@@ -187,7 +191,9 @@ class TinyLM(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s = tokens.shape
         if positions is None and self.randomized is not None and self.training:
-            positions = self.randomized(b, s, tokens.device, self.position_generator)
+            rank, world = self.position_shard
+            every = self.randomized(b * world, s, tokens.device, self.position_generator)
+            positions = every[rank * b : (rank + 1) * b]
         x = self.input_embeddings(tokens, positions)  # (b, s, width)
         for blk in self.blocks:
             x = blk(x, positions)

@@ -414,7 +414,7 @@ def write(summary: dict, out: str) -> list[str]:
     folder.write_bytes("results.md", markdown(summary).encode())
     plots = _plots(summary, out)
     drawn = {os.path.relpath(p, out) for p in plots}
-    folder.prune(keep=lambda rel: not (rel.endswith(".png") and "/" not in rel) or rel in drawn)
+    folder.prune(keep=lambda rel: rel not in _checkpoints.PLOT_FILES or rel in drawn)
     summary["plots"] = plots
     return plots
 
@@ -917,8 +917,10 @@ def _save_figure(fig: Figure, path: str, bottom: float = 0.0) -> str:
     """Write ``fig`` atomically as a PNG, keeping the lowest ``bottom`` of it for a legend."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     out, name = os.path.split(path)
+    if name not in _checkpoints.PLOT_FILES:  # the names an earlier report's plots are known by
+        raise RuntimeError(f"plot {name} is not in posemb.lab.checkpoints.PLOT_FILES")
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     _checkpoints.folder(out).write(name, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path

@@ -88,11 +88,30 @@ class _JobIds:
         return {"digest": self.digest, "train_digest": self.train_digest, "settings": self.key}
 
 
+def _race_done(cfg: LabConfig, job: Job, out: str) -> bool:
+    _, name, seed, race_seed = job
+    ids = _JobIds.of(cfg, name, seed, "race", race_seed)
+    path = job_paths(out, name, seed, "race", race_seed)[1]
+    return load_result(path, ids.digest, key=ids.key) is not None
+
+
+def _own_positions(model: TinyLM, seed: int, rank: int = 0, world: int = 1) -> torch.Generator:
+    """Give the job's model its own generator for randomised positions, to be saved in its
+    checkpoints: torch's global one is shared with whatever else runs in the process, and a
+    checkpoint does not hold it (a resumed run drew other positions)."""
+    gen = torch.Generator().manual_seed(_POSITION_SEED + seed)
+    model.position_generator, model.position_shard = gen, (rank, world)
+    return gen
+
+
 def _checkpoint_missing(cfg: LabConfig, kind: str, encoding: str, seed: int, out: str) -> bool:
     """Whether a later job needs this one's finished checkpoint and it is gone (deleted by
     hand): the job then trains again, which gives the same model."""
     if "race" not in cfg.tasks or encoding != "rope":
         return False
+    race = [j for j in all_jobs(cfg)[1] if j[2] == seed]
+    if all(_race_done(cfg, job, out) for job in race):
+        return False  # every race job of this model is finished: nothing needs it
     steps = cfg.steps if kind == "lm" else cfg.retrieval_steps
     ids = _JobIds.of(cfg, encoding, seed, kind)
     ckpt = load_checkpoint(job_paths(out, encoding, seed, kind)[0], ids.train_digest, ids.train_key)
@@ -143,16 +162,13 @@ def run_job(
     model = TinyLM(mcfg).to(device)  # initialised on the CPU: the same weights on any device
     opt = adamw(model, cfg.lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
-    # The job's own generator for randomised positions, saved in its checkpoints (torch's
-    # global one is shared with whatever else runs in the process, and is not saved). Ranks
-    # draw different positions, as they train different rows.
-    model.position_generator = torch.Generator().manual_seed(_POSITION_SEED + seed + 7919 * rank)
+    positions = _own_positions(model, seed, rank, world)
     # Every rank draws the whole batch from the same generator (a one-process run's data) and
     # trains on its slice; the generator's state in a checkpoint is then every rank's.
     last_loss, train_s = _train_resumable(
         model,
         opt,
-        {"generator": gen, "position_generator": model.position_generator},
+        {"generator": gen, "position_generator": positions},
         batch_at=lambda _: next_token(windows(data.train, cfg.train_len, cfg.batch, gen)),
         steps=cfg.steps,
         lr_at=lambda s: warmup_cosine(s, cfg.steps, cfg.lr),
@@ -333,10 +349,11 @@ def run_retrieval_job(
     model = retrieval_model(cfg, encoding)
     opt = adamw(model, cfg.retrieval_lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
+    positions = _own_positions(model, seed)
     loss, train_s = _train_resumable(
         model,
         opt,
-        {"generator": gen},
+        {"generator": gen, "position_generator": positions},
         batch_at=lambda _: _retrieval.training_batch(
             cfg.retrieval_batch, cfg.train_len, cfg.retrieval_facts, gen
         ),
@@ -620,14 +637,15 @@ PROTOCOL = "protocol.json"
 INVOCATIONS = "invocations.json"
 
 
-def preflight(cfg: LabConfig, out: str, force: bool = False) -> None:
+def preflight(cfg: LabConfig, out: str, force: bool = False) -> OwnedFolder:
     """Refuse, before anything is written, an ``out`` the sweep must not write: a file; a
     folder holding files the lab did not write or that changed since (unless ``force``,
     which writes beside them and keeps them; :class:`posemb._owned.OwnedFolder`); a folder
     that cannot be written; a protocol.json with other settings; or any job's result or
     checkpoint made with other settings or unreadable (``ValueError`` naming the file).
+    Returns the claimed folder (:meth:`~posemb._owned.OwnedFolder.settle` it before writing).
     """
-    OwnedFolder.claim(out, COMMAND, force=force, adopt=earlier_lab, writes=is_lab_file)
+    folder = OwnedFolder.claim(out, COMMAND, force=force, adopt=earlier_lab, writes=is_lab_file)
     path = os.path.join(out, PROTOCOL)
     if os.path.exists(path):
         theirs = read_json(path, "protocol file")
@@ -654,6 +672,7 @@ def preflight(cfg: LabConfig, out: str, force: bool = False) -> None:
         elif load_result(result, ids.digest, ids.train_digest, ids.key) is None:
             load_checkpoint(ckpt, ids.train_digest, ids.train_key)
     _read_invocations(out)
+    return folder
 
 
 def check_corpus(cfg: LabConfig, data: _corpus.Corpus) -> None:
@@ -775,7 +794,9 @@ def run(
             "trains every model",
             file=sys.stderr,
         )
-    preflight(cfg, out, force=force)
+    claimed = preflight(cfg, out, force=force)
+    if rank == 0:
+        claimed.settle()
     started = time.time()
     earlier = _closed(_read_invocations(out), out, started)
     if rank == 0:

@@ -173,17 +173,19 @@ COMMAND = "posemb lesson"
 PAGE_FILES = ("parchment.png", "parchment.svg", "claims.json", "manifest.json", "index.html")
 
 
-def _earlier_lesson(folder: pathlib.Path, present: list[str]) -> bool:
-    """Whether a folder without an ownership manifest is a page an earlier posemb wrote: its
-    ``manifest.json`` says so, and it lists every file there."""
+def _earlier_lesson(folder: pathlib.Path, present: list[str]) -> set[str]:
+    """Of a folder without an ownership manifest, the files an earlier posemb lesson wrote:
+    its ``manifest.json`` says it is one, and lists them (only the page's own names count)."""
     try:
         listed = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
+        return set()
     if not isinstance(listed, dict) or not isinstance(listed.get("posemb"), str):
-        return False
+        return set()
     files = listed.get("files")
-    return isinstance(files, list) and set(present) <= {f for f in files if isinstance(f, str)}
+    if not isinstance(files, list):
+        return set()
+    return set(present) & set(files) & set(PAGE_FILES)
 
 
 def build_lesson(
