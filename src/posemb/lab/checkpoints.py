@@ -59,11 +59,8 @@ def write_file(out: str, path: str, data: bytes) -> None:
     folder(out).write_bytes(os.path.relpath(path, out), data)
 
 
-def _job_name() -> re.Pattern[str]:
-    from .model import VARIANTS
-
-    names = "|".join(re.escape(v) for v in VARIANTS)
-    return re.compile(rf"(?:retrieval-)?(?:{names})-seed\d+|race-(?:{names})-seed\d+-race\d+")
+# A job's file name (job_paths): a variant's name (letters, digits, "+") and its seeds.
+_JOB_NAME = re.compile(r"(?:retrieval-)?[a-z0-9+]+-seed\d+|race-[a-z0-9+]+-seed\d+-race\d+")
 
 
 def is_lab_file(rel: str) -> bool:
@@ -74,7 +71,7 @@ def is_lab_file(rel: str) -> bool:
         return rel in LAB_FILES
     if len(p.parts) != 2 or (p.parts[0], p.suffix) not in _JOB_FILES:
         return False
-    return _job_name().fullmatch(p.stem) is not None
+    return _JOB_NAME.fullmatch(p.stem) is not None
 
 
 def earlier_lab(root: pathlib.Path, present: list[str]) -> set[str]:
