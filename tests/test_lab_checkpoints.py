@@ -58,12 +58,12 @@ def test_mismatched_or_corrupt_checkpoints_are_refused(tmp_path):
 def test_the_lab_names_only_its_own_files():
     from posemb.lab.checkpoints import is_lab_file
 
-    for rel in ("results.md", "race.png", "runs/rope+yarn-seed1.json",
-                "checkpoints/retrieval-rope-seed0.pt", "runs/race-rope+pi-seed0-race1.json"):  # fmt: skip
-        assert is_lab_file(rel), rel
-    for rel in ("my_plot.png", "runs/my-notes.json", "notes.txt", "checkpoints/rope-seed0.json",
-                "runs/sub/rope-seed0.json", "results.md.bak"):  # fmt: skip
-        assert not is_lab_file(rel), rel
+    ours = ["results.md", "race.png", "runs/rope+yarn-seed1.json"]
+    ours += ["checkpoints/retrieval-rope-seed0.pt", "runs/race-rope+pi-seed0-race1.json"]
+    theirs = ["my_plot.png", "runs/my-notes.json", "notes.txt", "checkpoints/rope-seed0.json"]
+    theirs += ["runs/sub/rope-seed0.json", "results.md.bak"]
+    assert all(is_lab_file(rel) for rel in ours)
+    assert not any(is_lab_file(rel) for rel in theirs)
     # Every name a job is written under is one the lab recognises.
     for kind, race in (("lm", None), ("retrieval", None), ("race", 3)):
         for path in sweep.job_paths("out", "rope+ntk", 12, kind, race):
