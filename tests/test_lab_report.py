@@ -170,20 +170,3 @@ def test_an_old_race_summary_still_reads_and_calls_nothing():
     assert "mean ± std over 4 runs" in md and "beats" not in md
     assert "counts every fine-tuning seed as an independent model" in md
     assert report.default_summary()["race"] == race
-
-
-def test_race_plot_draws_no_zero_bars_for_one_model_seed(tmp_path, monkeypatch):
-    plt = pytest.importorskip("matplotlib.pyplot")
-    race = _race((0,), (0,), lambda e, *_: BASE_LOSS[e], lambda e, *_: BASE_CORRECT[e])
-    drawn = []
-    real = plt.Axes.errorbar
-
-    def errorbar(self, x, y, yerr=None, **kw):
-        drawn.append(yerr)
-        return real(self, x, y, yerr=yerr, **kw)
-
-    monkeypatch.setattr(plt.Axes, "errorbar", errorbar)
-    summary = {"race": race, "config": {"train_len": 64}}
-    (path,) = report._plot_race(summary, str(tmp_path), plt)
-    assert os.path.exists(path) and len(drawn) == 2 * len(RACE_ENTRANTS)
-    assert all(e is None for e in drawn)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from posemb.lab import report
+from posemb.lab import plots
 from posemb.lab.model import SCALINGS, VARIANTS
 from posemb.lab.style import LOOKS, look
 
@@ -17,6 +17,6 @@ def test_every_variant_has_its_own_colour_and_scalings_are_dashed():
 
 def test_the_plots_and_the_page_use_the_same_colour():
     for name in VARIANTS:
-        assert report._style(name)["color"] == look(name).colour
+        assert plots._style(name)["color"] == look(name).colour
     with pytest.raises(ValueError, match=r"variant 'rope\+nope' has no look; known: learned, "):
         look("rope+nope")

@@ -381,3 +381,14 @@ def test_deleting_checkpoints_after_a_finished_race_retrains_nothing(tmp_path):
     again = sweep.run(TINY_RACE, str(out), quiet=True)
     assert not any((out / "checkpoints").iterdir())  # nothing needed them: none came back
     assert again["invocations"][-1]["phases"][0]["jobs"] == 2
+
+
+def test_a_second_lab_run_into_a_running_folder_is_refused(tmp_path):
+    from posemb._owned import OwnedFolder
+    from posemb.lab.checkpoints import COMMAND
+
+    out = tmp_path / "out"
+    held = OwnedFolder(out, COMMAND).running()  # as a posemb lab running there holds it
+    with held, pytest.raises(InputError, match="being written by another posemb lab run"):
+        sweep.run(TINY, str(out), quiet=True)
+    assert not (out / "protocol.json").exists()

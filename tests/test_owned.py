@@ -267,3 +267,13 @@ def test_a_refused_adoption_writes_nothing_and_settle_cleans_stale_temporaries(t
 def test_a_device_or_pipe_as_an_output_file_is_refused_without_reading_it():
     with pytest.raises(ValueError, match="not a regular file"):
         check_output_file("/dev/null", "--save", lambda data: True)
+
+
+def test_a_second_run_into_a_held_folder_is_refused(tmp_path):
+    folder = OwnedFolder.claim(tmp_path / "out", CMD)
+    refused = pytest.raises(ValueError, match="being written by another posemb test run")
+    with folder.running(), refused, OwnedFolder(tmp_path / "out", CMD).running():
+        pass
+    with OwnedFolder(tmp_path / "out", CMD).running():  # released with the first run
+        pass
+    OwnedFolder.claim(tmp_path / "out", CMD)  # the lock file is the command's own

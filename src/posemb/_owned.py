@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from ._errors import InputError
 
 MANIFEST = ".posemb-owned.json"
+LOCK = ".posemb-owned.lock"  # held by a command for the whole of its run (OwnedFolder.running)
 _TMP = ".posemb-tmp-"  # every temporary file of this module starts so; never a user's file
 _TMP_NAME = re.compile(re.escape(_TMP) + r".+\.[a-z0-9_]{8}\.tmp")  # tempfile's 8 characters
 _STALE_TMP_SECONDS = 3600  # a write in progress takes seconds; older is a killed one's
@@ -198,7 +199,7 @@ class OwnedFolder:
             links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
             for name in [*files, *links]:
                 rel = pathlib.PurePath(os.path.relpath(os.path.join(root, name), self.path))
-                if rel.as_posix() != MANIFEST and not _TMP_NAME.fullmatch(name):
+                if rel.as_posix() not in (MANIFEST, LOCK) and not _TMP_NAME.fullmatch(name):
                     out.append(rel.as_posix())
         return sorted(out)
 
@@ -291,6 +292,28 @@ class OwnedFolder:
                 f"another folder; --force writes beside files it did not write (kept) and "
                 f"replaces its own edited ones"
             )
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Hold the folder for one run of the command: a second run into it (its checks and
+        writes would interleave with this one's) is refused at once, naming it.
+
+        An ``flock`` on ``.posemb-owned.lock``, released when the run ends or its process
+        dies; the file itself stays (empty), one of the command's own.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(
+                    f"{str(self.path)!r} is being written by another {self.command} run; wait "
+                    f"for it to finish, or give another folder"
+                ) from None
+            yield
+        finally:
+            os.close(fd)
 
     def settle(self) -> None:
         """Record the files :meth:`claim` adopted (the caller's own checks have passed), and
@@ -449,4 +472,4 @@ def _share(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-__all__ = ["MANIFEST", "OwnedFolder", "check_output_file", "probe_writable", "sha256_file"]
+__all__ = ["LOCK", "MANIFEST", "OwnedFolder", "check_output_file", "probe_writable", "sha256_file"]

@@ -28,6 +28,10 @@ from .train import adamw, next_token, per_position_loss, train, windows
 
 ENTRANTS = ("rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+llama3")
 
+RACE_UNIT = "model seed"
+"""What a race statistic's ``n`` counts (the report's race summary); summaries without
+``race["unit"]`` pooled every (model seed, race seed) run as if independent."""
+
 
 def schedule(entrant: str, train_len: int, length: int) -> sc.RopeScaling | None:
     """The RoPE schedule of ``entrant`` for windows of ``length`` (None: plain RoPE)."""

@@ -56,6 +56,7 @@ from .config import (
     gpu_config,
     quick_config,
 )
+from .invocations import INVOCATIONS, closed, read_invocations
 from .model import SCALINGS, TRAINED, ModelConfig, TinyLM, scaling_for
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
@@ -634,7 +635,6 @@ def _finished(cfg: LabConfig, job: Job, out: str) -> dict:
 
 
 PROTOCOL = "protocol.json"
-INVOCATIONS = "invocations.json"
 
 
 def preflight(cfg: LabConfig, out: str, force: bool = False) -> OwnedFolder:
@@ -671,7 +671,7 @@ def preflight(cfg: LabConfig, out: str, force: bool = False) -> OwnedFolder:
                 load_checkpoint(ckpt, ids.digest, ids.key)
         elif load_result(result, ids.digest, ids.train_digest, ids.key) is None:
             load_checkpoint(ckpt, ids.train_digest, ids.train_key)
-    _read_invocations(out)
+    read_invocations(out)
     return folder
 
 
@@ -689,34 +689,6 @@ def check_corpus(cfg: LabConfig, data: _corpus.Corpus) -> None:
                 f"corpus {data.name!r} has {len(data.train):,} training characters: too few "
                 f"for {flag} {length} windows (needs {length + 2:,})"
             )
-
-
-def _read_invocations(out: str) -> list[dict[str, Any]]:
-    """The earlier invocations of this sweep (how each ran), from ``invocations.json``."""
-    path = os.path.join(out, INVOCATIONS)
-    if not os.path.exists(path):
-        return []
-    runs = read_json(path, "invocations file")
-    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-        raise InputError(f"{path} is not a posemb lab invocations file; use another --out")
-    return runs
-
-
-def _closed(runs: list[dict[str, Any]], out: str, now: float) -> list[dict[str, Any]]:
-    """``runs`` with each invocation that never finished (killed) given the wall time up to
-    the last file the sweep wrote before ``now``: an estimate, marked as one."""
-    stamps = []
-    for root, _dirs, files in os.walk(out):
-        stamps += [os.path.getmtime(os.path.join(root, f)) for f in files]
-    out_runs = []
-    for i, r in enumerate(runs):
-        if r.get("wall_seconds") is None and isinstance(r.get("started_unix"), (int, float)):
-            start = float(r["started_unix"])
-            nxt = runs[i + 1].get("started_unix", now) if i + 1 < len(runs) else now
-            last = max((t for t in stamps if start <= t < float(nxt)), default=start)
-            r = r | {"wall_seconds": last - start, "interrupted": True}
-        out_runs.append(r)
-    return out_runs
 
 
 def _phases(
@@ -776,9 +748,10 @@ def run(
     (:func:`posemb.lab.report.summarise`, plus ``plots``: the files written).
 
     ``out`` is checked before anything runs (:func:`preflight`); with ``force`` the sweep
-    writes beside files it did not write, keeping them. Every invocation is recorded in
-    ``invocations.json`` (when, how long, workers and threads per phase, the machine), so
-    the report of a resumed sweep says so.
+    writes beside files it did not write, keeping them. A second run into the same ``out``
+    while this one runs is refused (:meth:`posemb._owned.OwnedFolder.running`). Every
+    invocation is recorded in ``invocations.json`` (when, how long, workers and threads per
+    phase, the machine), so the report of a resumed sweep says so.
     """
     _dp.resolve_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
@@ -794,12 +767,30 @@ def run(
             "trains every model",
             file=sys.stderr,
         )
-    claimed = preflight(cfg, out, force=force)
+    preflight(cfg, out, force=force)  # before the lock: a refusal creates nothing
+    if rank != 0:
+        return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
+    with OwnedFolder(out, COMMAND).running():
+        return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
+
+
+def _sweep(
+    cfg: LabConfig,
+    out: str,
+    data: _corpus.Corpus,
+    rank: int,
+    world: int,
+    data_parallel: bool,
+    quiet: bool,
+    force: bool,
+) -> dict[str, Any] | None:
+    """:func:`run` once the folder is checked (and, on rank 0, held): the phases, the record
+    of this invocation, and the report."""
+    claimed = preflight(cfg, out, force=force)  # again, held: no other run came in between
+    started = time.time()
+    earlier = closed(read_invocations(out), out, started)
     if rank == 0:
         claimed.settle()
-    started = time.time()
-    earlier = _closed(_read_invocations(out), out, started)
-    if rank == 0:
         write_file(out, os.path.join(out, PROTOCOL), json.dumps(cfg.protocol(), indent=1).encode())
         # Recorded now, so that a killed invocation is still counted when the sweep resumes.
         begun = [*earlier, report.invocation(started, None, [], cfg.device)]
