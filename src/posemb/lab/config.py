@@ -349,9 +349,55 @@ class LabConfig:
         d["corpus_sha256"] = _corpus.content_id(self.corpus)
         return json.loads(json.dumps(d | {"posemb": __version__}))
 
+    def ids(self, name: str, seed: int, kind: str = "lm", race_seed: int | None = None) -> JobIds:
+        """The :class:`JobIds` of one job."""
+        return JobIds.of(self, name, seed, kind, race_seed)
+
+    def check_corpus(self, data: _corpus.Corpus) -> None:
+        """Refuse a corpus too short for the windows the sweep draws from its training part
+        (training, fine-tuning, the race), before any model trains."""
+        needs = [("--train-len", self.train_len)]
+        if self.finetune_steps and self.finetune_len:
+            needs.append(("--finetune-len", self.finetune_len))
+        if "race" in self.tasks:
+            needs.append(("--race-len", self.race_len))
+        for flag, length in needs:
+            if len(data.train) < length + 2:  # a window is length + 1 characters, at any offset
+                raise InputError(
+                    f"corpus {data.name!r} has {len(data.train):,} training characters: too few "
+                    f"for {flag} {length} windows (needs {length + 2:,})"
+                )
+
     def race_eval_lens(self) -> tuple[int, ...]:
         """Where the race scores: the race length and twice it (when evaluated at all)."""
         return tuple(n for n in (self.race_len, 2 * self.race_len) if n <= self.eval_lens[-1])
+
+
+@dataclass(frozen=True)
+class JobIds:
+    """A job's identities (:meth:`LabConfig.ids`): what its result and its checkpoint depend on
+    (:meth:`LabConfig.job_key`), and their digests."""
+
+    key: dict
+    digest: str
+    train_key: dict
+    train_digest: str
+
+    @classmethod
+    def of(
+        cls, cfg: LabConfig, name: str, seed: int, kind: str, race_seed: int | None = None
+    ) -> JobIds:
+        args = (name, seed, kind, race_seed)
+        return cls(
+            key=cfg.job_key(*args),
+            digest=cfg.digest(*args),
+            train_key=cfg.job_key(*args, stage="train"),
+            train_digest=cfg.digest(*args, stage="train"),
+        )
+
+    def stamp(self) -> dict[str, object]:
+        """What a result records of them."""
+        return {"digest": self.digest, "train_digest": self.train_digest, "settings": self.key}
 
 
 def quick_config(**overrides: Any) -> LabConfig:
@@ -439,6 +485,7 @@ __all__ = [
     "FINETUNE_LR_FRACTION",
     "TASKS",
     "WEIGHT_DECAY",
+    "JobIds",
     "LabConfig",
     "gpu_config",
     "quick_config",

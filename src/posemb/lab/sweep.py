@@ -21,7 +21,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +51,7 @@ from .config import (
     FINETUNE_LR_FRACTION,
     TASKS,
     WEIGHT_DECAY,
+    JobIds,
     LabConfig,
     gpu_config,
     quick_config,
@@ -63,35 +63,9 @@ from .train import adamw, next_token, per_position_loss, train, warmup_cosine, w
 _POSITION_SEED = 2**31 - 1  # apart from the data generator's seeds (the job's seed itself)
 
 
-@dataclass(frozen=True)
-class _JobIds:
-    """A job's identities: what its result and its checkpoint depend on, and their digests."""
-
-    key: dict
-    digest: str
-    train_key: dict
-    train_digest: str
-
-    @classmethod
-    def of(
-        cls, cfg: LabConfig, name: str, seed: int, kind: str, race_seed: int | None = None
-    ) -> _JobIds:
-        args = (name, seed, kind, race_seed)
-        return cls(
-            key=cfg.job_key(*args),
-            digest=cfg.digest(*args),
-            train_key=cfg.job_key(*args, stage="train"),
-            train_digest=cfg.digest(*args, stage="train"),
-        )
-
-    def stamp(self) -> dict[str, object]:
-        """What a result records of them."""
-        return {"digest": self.digest, "train_digest": self.train_digest, "settings": self.key}
-
-
 def _race_done(cfg: LabConfig, job: Job, out: str) -> bool:
     _, name, seed, race_seed = job
-    ids = _JobIds.of(cfg, name, seed, "race", race_seed)
+    ids = cfg.ids(name, seed, "race", race_seed)
     path = job_paths(out, name, seed, "race", race_seed)[1]
     return load_result(path, ids.digest, key=ids.key) is not None
 
@@ -114,7 +88,7 @@ def _checkpoint_missing(cfg: LabConfig, kind: str, encoding: str, seed: int, out
     if all(_race_done(cfg, job, out) for job in race):
         return False  # every race job of this model is finished: nothing needs it
     steps = cfg.steps if kind == "lm" else cfg.retrieval_steps
-    ids = _JobIds.of(cfg, encoding, seed, kind)
+    ids = cfg.ids(encoding, seed, kind)
     ckpt = load_checkpoint(job_paths(out, encoding, seed, kind)[0], ids.train_digest, ids.train_key)
     return ckpt is None or int(ckpt["step"]) != steps
 
@@ -141,7 +115,7 @@ def run_job(
     that result.
     """
     ckpt_path, result_path = job_paths(out, encoding, seed)
-    ids = _JobIds.of(cfg, encoding, seed, "lm")
+    ids = cfg.ids(encoding, seed, "lm")
     rank, world = _dp.group(cfg.data_parallel)
     done = load_result(result_path, ids.digest, ids.train_digest, ids.key)
     retrain = done is not None and _checkpoint_missing(cfg, "lm", encoding, seed, out)
@@ -264,7 +238,7 @@ def _train_resumable(
     steps: int,
     lr_at: Callable[[int], float],
     ckpt_path: str,
-    ids: _JobIds,
+    ids: JobIds,
     out: str,
     every: int,
     label: str,
@@ -341,7 +315,7 @@ def run_retrieval_job(
     "seed", "train_seconds", "final_train_loss", "variants": {variant: retrieval.evaluate(...)}}``.
     """
     ckpt_path, result_path = job_paths(out, encoding, seed, "retrieval")
-    ids = _JobIds.of(cfg, encoding, seed, "retrieval")
+    ids = cfg.ids(encoding, seed, "retrieval")
     done = load_result(result_path, ids.digest, ids.train_digest, ids.key)
     retrain = done is not None and _checkpoint_missing(cfg, "retrieval", encoding, seed, out)
     if done is not None and not retrain:
@@ -428,7 +402,7 @@ def _trained(cfg: LabConfig, out: str, seed: int) -> tuple[TinyLM, TinyLM]:
     ret = retrieval_model(cfg, "rope")
     for model, kind, steps in ((lm, "lm", cfg.steps), (ret, "retrieval", cfg.retrieval_steps)):
         path = job_paths(out, "rope", seed, kind)[0]
-        ids = _JobIds.of(cfg, "rope", seed, kind)
+        ids = cfg.ids("rope", seed, kind)
         ckpt = load_checkpoint(path, ids.train_digest, ids.train_key)
         if ckpt is None or int(ckpt["step"]) != steps:  # phase one retrains a missing one
             raise InputError(f"the race needs the finished checkpoint {path}; run its job first")
@@ -452,7 +426,7 @@ def run_race_job(
     "train_seconds", "milestones": {str(N): race.score(...)}}``.
     """
     ckpt_path, result_path = job_paths(out, entrant, seed, "race", race_seed)
-    ids = _JobIds.of(cfg, entrant, seed, "race", race_seed)
+    ids = cfg.ids(entrant, seed, "race", race_seed)
     done = load_result(result_path, ids.digest, key=ids.key)
     if done is not None:
         return done
@@ -627,7 +601,7 @@ def _finished(cfg: LabConfig, job: Job, out: str) -> dict:
     that would wait for the other ranks, which are already waiting for the report."""
     kind, name, seed, race_seed = job
     path = job_paths(out, name, seed, kind, race_seed)[1]
-    ids = _JobIds.of(cfg, name, seed, kind, race_seed)
+    ids = cfg.ids(name, seed, kind, race_seed)
     done = load_result(path, ids.digest, key=ids.key)
     if done is None:
         raise InputError(f"result {path} is missing: a rank did not finish its jobs")
@@ -665,7 +639,7 @@ def preflight(cfg: LabConfig, out: str, force: bool = False) -> OwnedFolder:
     first, second = all_jobs(cfg)
     for kind, name, seed, race_seed in first + second:
         ckpt, result = job_paths(out, name, seed, kind, race_seed)
-        ids = _JobIds.of(cfg, name, seed, kind, race_seed)
+        ids = cfg.ids(name, seed, kind, race_seed)
         if kind == "race":
             if load_result(result, ids.digest, key=ids.key) is None:
                 load_checkpoint(ckpt, ids.digest, ids.key)
@@ -673,22 +647,6 @@ def preflight(cfg: LabConfig, out: str, force: bool = False) -> OwnedFolder:
             load_checkpoint(ckpt, ids.train_digest, ids.train_key)
     read_invocations(out)
     return folder
-
-
-def check_corpus(cfg: LabConfig, data: _corpus.Corpus) -> None:
-    """Refuse a corpus too short for the windows the sweep draws from its training part
-    (training, fine-tuning, the race), before any model trains."""
-    needs = [("--train-len", cfg.train_len)]
-    if cfg.finetune_steps and cfg.finetune_len:
-        needs.append(("--finetune-len", cfg.finetune_len))
-    if "race" in cfg.tasks:
-        needs.append(("--race-len", cfg.race_len))
-    for flag, length in needs:
-        if len(data.train) < length + 2:  # a window is length + 1 characters, at any offset
-            raise InputError(
-                f"corpus {data.name!r} has {len(data.train):,} training characters: too few "
-                f"for {flag} {length} windows (needs {length + 2:,})"
-            )
 
 
 def _phases(
@@ -755,7 +713,7 @@ def run(
     """
     _dp.resolve_device(cfg.device)
     data = _corpus.load(cfg.corpus, min_held_out=max(cfg.eval_lens) + 2)  # fail before any worker
-    check_corpus(cfg, data)
+    cfg.check_corpus(data)
     # A dealt sweep's group only waits at barriers: gloo does that whatever the device.
     rank, world = _dp.join(cfg.device if cfg.data_parallel else "cpu")
     data_parallel = cfg.data_parallel and world > 1
@@ -822,7 +780,6 @@ __all__ = [
     "TASKS",
     "LabConfig",
     "all_jobs",
-    "check_corpus",
     "gpu_config",
     "job_paths",
     "jobs_for",
