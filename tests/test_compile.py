@@ -129,3 +129,60 @@ def test_module_forms_its_tables_once_per_length():
     got = rope._tables[(q.device, torch.float32, rope.scaling, None)]  # (cos, sin) stacked
     assert_close(got[0, 100:164], want[0], torch.float32)
     assert_close(got[1, 100:164], want[1], torch.float32)
+
+
+# --- tracing leaves nothing behind (issue 30, items 1 and 7) -----------------------------------
+
+
+def _rope_reference(q: torch.Tensor, dim: int) -> torch.Tensor:
+    """RoPE in the half layout at positions 0.. in float64, from the formula (base 10,000)."""
+    i = torch.arange(dim // 2, dtype=torch.float64)
+    theta = 10000.0 ** (-2 * i / dim)
+    angle = torch.arange(q.shape[-2], dtype=torch.float64)[:, None] * theta
+    c, s = angle.cos(), angle.sin()
+    x1, x2 = q[..., : dim // 2].double(), q[..., dim // 2 :].double()
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+
+class _Holder(nn.Module):
+    def __init__(self, dim: int, explicit: bool) -> None:
+        super().__init__()
+        self.rope, self.explicit = posemb.RotaryEmbedding(dim), explicit
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.explicit:
+            return self.rope(q, k, torch.arange(q.shape[-2]))
+        return self.rope(q, k)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("how", ["export", "fake-mode"])
+def test_tracing_caches_no_fake_tensor_for_later_eager_calls(monkeypatch, explicit, how):
+    # A dimension no other test uses, and an empty process-wide cache: the traced call is the
+    # first to ask for this schedule. It used to store a FakeTensor that every later module
+    # of the configuration read (errors 2.9-16.9, or NaN), and a second export failed.
+    dim = 14
+    monkeypatch.setattr(sc, "_COMPUTED", type(sc._COMPUTED)())
+    q, k = torch.randn(1, 2, 5, dim), torch.randn(1, 2, 5, dim)
+    traced = _Holder(dim, explicit)
+    if how == "export":
+        torch.export.export(traced, (q, k))
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as mode:
+            traced(mode.from_tensor(q), mode.from_tensor(k))
+    assert not sc._COMPUTED and not traced.rope._tables
+    for module in (posemb.RotaryEmbedding(dim), traced.rope):
+        out, _ = module(q, k)
+        assert (out.double() - _rope_reference(q, dim)).abs().max() < 1e-6
+    if how == "export":
+        torch.export.export(_Holder(dim, explicit), (q, k))  # was: a fake tensor in constants
+
+
+def test_a_schedule_handed_out_cannot_change_other_modules():
+    inv, _ = posemb.RotaryEmbedding(8).schedule(None)
+    inv.mul_(2)  # was: every module of this configuration created afterwards rotated by 2x
+    q = torch.randn(1, 1, 6, 8)
+    out, _ = posemb.RotaryEmbedding(8)(q, q)
+    assert (out.double() - _rope_reference(q, 8)).abs().max() < 1e-6

@@ -223,15 +223,16 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor | None, pos: torch.Tensor, seq: int, x: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for one forward: from the cache in eager mode, formed in the graph when
-        compiling (Inductor fuses the float64 arithmetic; a cache would be state to guard)."""
+        compiling or exporting (Inductor fuses the float64 arithmetic; a cache would be state to
+        guard, and a table made under a fake mode is not a real tensor)."""
         compute = _checks.compute_dtype(x)
         if positions is None:
             # Default positions 0..seq-1: the length is known on the host, no sync.
-            if torch.compiler.is_compiling() or seq > CACHE_ROWS:
+            if _checks.tracing() or seq > CACHE_ROWS:
                 return self._cos_sin(pos, compute, x.device, seq)
             both = self._table(seq, seq, x.device, compute)
             return both[0, :seq], both[1, :seq]
-        if torch.compiler.is_compiling() or not pos.numel():
+        if _checks.tracing() or not pos.numel():
             return self.cos_sin(pos, dtype=compute, device=x.device)
         # Explicit positions: one host sync for the range they span; far or negative positions
         # are computed directly rather than growing a table to reach them.

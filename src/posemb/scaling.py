@@ -561,10 +561,18 @@ def cached_compute(
     and a scaling that ignores the length has one entry per device. Per device, so a GPU forward
     does not copy inv_freq from the host each call. The 256 most recent entries are kept.
 
+    Nothing computed while torch traces is kept (:func:`posemb._checks.tracing`), and every
+    call gets its own copy of inv_freq.
+
     Returns:
         inv_freq ``(rotary_dim / 2,)`` float64 on ``device``, and the attention factor.
     """
     dev = torch.device(device)
+    if _checks.tracing():
+        # A tensor made while tracing is fake (export, FakeTensorMode) or belongs to a graph:
+        # kept, it would be served to every later eager call in the process.
+        inv, factor = scaling.compute(rotary_dim, base, seq_len)
+        return inv.to(dev), float(factor)
     key = (scaling, rotary_dim, float(base), dev, scaling.length_key(seq_len))
     hit = _COMPUTED.get(key)
     if hit is None:
@@ -575,7 +583,9 @@ def cached_compute(
             _COMPUTED.popitem(last=False)
     else:
         _COMPUTED.move_to_end(key)
-    return hit
+    # A copy: the entry is shared by every module of this configuration, and a caller that
+    # changed the tensor in place would change them all (r/2 numbers, nothing to save).
+    return hit[0].clone(), hit[1]
 
 
 def check(scaling: object) -> RopeScaling:
