@@ -439,3 +439,20 @@ def test_rerotate_refuses_another_geometry():
         rope.rerotate(k, pos, pos, source=posemb.XPos(16))
     with pytest.raises(ValueError, match="to_positions must have shape"):
         rope.rerotate(k, pos, torch.arange(3))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "auto"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_small_integer_positions_are_positions_not_masks(backend, dtype):
+    # uint8 positions indexed the table as a boolean mask (rotating by 0, 1, 2, 3 where they
+    # said 1, 1, 1, 3) and int8 / int16 raised IndexError (issue 30, item 2).
+    if backend == "cpu" and not posemb.kernels.cpu.available():
+        pytest.skip("no CPU op here")
+    rope = posemb.RotaryEmbedding(8, backend=backend)
+    q = torch.randn(2, 2, 4, 8)
+    for pos in ([1, 1, 1, 3], [[1, 1, 1, 3], [0, 2, 4, 6]]):
+        want = rope(q, q, torch.tensor(pos, dtype=torch.int64))
+        got = rope(q, q, torch.tensor(pos, dtype=dtype))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    cos, _ = rope.cos_sin(torch.tensor([3, 3], dtype=dtype))
+    assert torch.equal(cos, rope.cos_sin(torch.tensor([3, 3]))[0])

@@ -112,7 +112,8 @@ def positions(
 
     Python ints and sequences of ints are accepted and converted; tensors must already have an
     integer dtype, because a float position (0.5) has no meaning for a lookup and silently
-    rounding it would hide a bug upstream.
+    rounding it would hide a bug upstream. Integer dtypes other than int32 and int64 (uint8,
+    int8, int16, ...) are widened to int64.
     """
     if isinstance(value, torch.Tensor):
         t = value
@@ -132,6 +133,10 @@ def positions(
     if max_dim is not None and not 1 <= t.dim() <= max_dim:
         shapes = "(seq,)" if max_dim == 1 else "(seq,) or (batch, seq)"
         raise InputError(f"{name} must have shape {shapes}, got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        # Indexing with uint8 is a boolean mask, and with int8 or int16 an IndexError: a
+        # position is an index, so it is widened once, here, for every entry point.
+        t = t.to(torch.int64)
     return t
 
 
