@@ -126,7 +126,8 @@ def test_module_forms_its_tables_once_per_length():
     rope(q.double(), k.double())  # another dtype: its own table, formed in float64 too
     assert rope.table_builds == 3
     want = posemb.RotaryEmbedding(HEAD).cos_sin(torch.arange(100, 164))
-    got = rope._tables[(q.device, torch.float32, rope.scaling, None)]  # (cos, sin) stacked
+    key = (q.device, torch.float32, rope.scaling, rope.base, rope.rotary_dim, None)
+    got = rope._tables[key]  # (cos, sin) stacked
     assert_close(got[0, 100:164], want[0], torch.float32)
     assert_close(got[1, 100:164], want[1], torch.float32)
 

@@ -456,3 +456,28 @@ def test_small_integer_positions_are_positions_not_masks(backend, dtype):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     cos, _ = rope.cos_sin(torch.tensor([3, 3], dtype=dtype))
     assert torch.equal(cos, rope.cos_sin(torch.tensor([3, 3]))[0])
+
+
+def test_changing_base_rotary_dim_or_scaling_after_a_call_serves_no_stale_table():
+    # The table key lacked base and rotary_dim: a changed base kept rotating at 10,000 (error
+    # 0.27-0.39), a new rotary_dim gave errors of 2-3, and scaling = None an AttributeError.
+    q = torch.randn(1, 2, 6, 16)
+    rope = posemb.RotaryEmbedding(16)
+    rope(q, q)
+    rope.base = 500000.0
+    assert torch.equal(rope(q, q)[0], posemb.RotaryEmbedding(16, base=500000.0)(q, q)[0])
+    rope.rotary_dim = 8
+    fresh = posemb.RotaryEmbedding(16, base=500000.0, rotary_dim=8)
+    assert torch.equal(rope(q, q)[0], fresh(q, q)[0])
+    rope.scaling = posemb.scaling.Linear(2.0)
+    rope.scaling = None
+    assert torch.equal(rope(q, q)[0], fresh(q, q)[0])
+    for name, bad, match in (
+        ("base", -1.0, "base must be finite"),
+        ("rotary_dim", 7, "rotary_dim must be even"),
+        ("rotary_dim", 32, "rotary_dim must be <= head_dim = 16"),
+        ("scaling", "yarn", "scaling must be a posemb.scaling object"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            setattr(rope, name, bad)
+    assert (rope.base, rope.rotary_dim) == (500000.0, 8)  # a refused value changes nothing

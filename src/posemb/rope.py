@@ -137,10 +137,10 @@ class RotaryEmbedding(nn.Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        self.head_dim, self.rotary_dim = _checks.rotary_dims(head_dim, rotary_dim)
-        self.base = _checks.base(base)
+        self.head_dim, self._rotary_dim = _checks.rotary_dims(head_dim, rotary_dim)
+        self.base = base
         self.layout = as_layout(layout)
-        self.scaling = _scaling.check(scaling)
+        self.scaling = scaling
         if backend not in kernels.BACKENDS:
             raise InputError(
                 f"backend must be one of {', '.join(kernels.BACKENDS)}, got {backend!r}"
@@ -156,6 +156,36 @@ class RotaryEmbedding(nn.Module):
         self._tables: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
         self.table_builds = 0
         """How many float64 tables this module has formed (tests count them)."""
+
+    # What the tables depend on is checked when it is set, and is in every table's key: a
+    # module whose base, rotary_dim or scaling is changed after a call never serves the old
+    # tables (it rotated at the old base, or by a table of the wrong width).
+    @property
+    def base(self) -> float:
+        """The RoPE base (theta); settable, checked, and part of every cached table's key."""
+        return self._base
+
+    @base.setter
+    def base(self, value: float) -> None:
+        self._base = _checks.base(value)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels rotated per head (even, <= head_dim); settable, checked, in the key."""
+        return self._rotary_dim
+
+    @rotary_dim.setter
+    def rotary_dim(self, value: int) -> None:
+        self._rotary_dim = _checks.rotary_dims(self.head_dim, value)[1]
+
+    @property
+    def scaling(self) -> _scaling.RopeScaling:
+        """The context-extension schedule (:mod:`posemb.scaling`); None sets the default."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, value: _scaling.RopeScaling | None) -> None:
+        self._scaling = _scaling.check(value)
 
     def cos_sin(
         self,
@@ -205,7 +235,8 @@ class RotaryEmbedding(nn.Module):
         ``rows``, for a call of length ``seq_len`` (stacked: one gather serves both)."""
         # The scaling is in the key: assigning another one (the lab swaps schedules on a trained
         # model) must never be served the old one's table.
-        key = (device, dtype, self.scaling, self.scaling.length_key(seq_len))
+        length = self.scaling.length_key(seq_len)
+        key = (device, dtype, self.scaling, self.base, self.rotary_dim, length)
         hit = self._tables.get(key)
         if hit is None or hit.shape[1] < rows:
             # Doubling: a decode loop that grows one token at a time builds log(n) tables.
