@@ -7,29 +7,18 @@ import os
 import pytest
 import torch
 
-from lab_configs import TINY
+from lab_configs import TINY, crash_after
 from posemb.lab import sweep
 
 
 def test_interrupted_job_resumes_to_the_same_numbers(tmp_path, monkeypatch):
     whole = sweep.run_job(TINY, "rope", 0, str(tmp_path / "a"), quiet=True)
     # Crash at step 15: the step-10 checkpoint survives, no result is written.
-    calls = {"n": 0}
-    real_step = torch.optim.AdamW.step
-
-    def crashing(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] > 15:
-            raise KeyboardInterrupt
-        return real_step(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
-    ckpt, result = sweep.job_paths(str(tmp_path / "b"), "rope", 0)
+    out = str(tmp_path / "b")
+    crash_after(monkeypatch, 15, lambda: sweep.run_job(TINY, "rope", 0, out, quiet=True))
+    ckpt, result = sweep.job_paths(out, "rope", 0)
     assert os.path.exists(ckpt) and not os.path.exists(result)
     assert torch.load(ckpt, weights_only=True)["step"] == 10
-    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
     resumed = sweep.run_job(TINY, "rope", 0, str(tmp_path / "b"), quiet=True)
     assert resumed["variants"] == whole["variants"]
     # A crash after training, before the result: the final checkpoint is reused, no step rerun.

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from lab_configs import TINY
+from lab_configs import TINY, crash_after
 from posemb import cli
 from posemb._errors import InputError
 from posemb.lab import report, sweep
@@ -194,7 +194,7 @@ def test_a_checkpoint_of_another_text_is_refused_before_training_on_it(tmp_path,
     c = tmp_path / "c.txt"
     cfg = dataclasses.replace(TINY, corpus=_corpus(c, TEXT))
     out = str(tmp_path / "out")
-    _crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "rope", 0, out, quiet=True))
+    crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "rope", 0, out, quiet=True))
     _corpus(c, "".join(sorted(TEXT.splitlines(keepends=True))))  # shuffled lines
     with pytest.raises(ValueError, match=r"was made with other settings \(corpus "):
         sweep.run_job(cfg, "rope", 0, out, quiet=True)
@@ -203,28 +203,11 @@ def test_a_checkpoint_of_another_text_is_refused_before_training_on_it(tmp_path,
         sweep.run_job(cfg, "rope", 0, out, quiet=True)
 
 
-def _crash_after(monkeypatch, steps, run):
-    """Run ``run`` with the optimiser failing at step ``steps + 1`` (a kill mid-training)."""
-    calls = {"n": 0}
-    real = torch.optim.AdamW.step
-
-    def crashing(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] > steps:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        run()
-    monkeypatch.setattr(torch.optim.AdamW, "step", real)
-
-
 def test_a_killed_randomized_job_resumes_to_the_same_result(tmp_path, monkeypatch):
     cfg = dataclasses.replace(TINY, variants=("randomized",))
     whole = sweep.run_job(cfg, "randomized", 0, str(tmp_path / "a"), quiet=True)
     out = str(tmp_path / "b")
-    _crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "randomized", 0, out, quiet=True))
+    crash_after(monkeypatch, 15, lambda: sweep.run_job(cfg, "randomized", 0, out, quiet=True))
     torch.manual_seed(12345)  # whatever else the process drew in between
     torch.rand(1000)
     resumed = sweep.run_job(cfg, "randomized", 0, out, quiet=True)
@@ -321,7 +304,7 @@ def test_a_race_without_the_retrieval_task_reports_without_crashing(tmp_path):
 
 def test_a_killed_then_resumed_sweep_counts_the_killed_invocation(tmp_path, monkeypatch):
     out = str(tmp_path / "out")
-    _crash_after(monkeypatch, 25, lambda: sweep.run(TINY, out, quiet=True))  # mid second job
+    crash_after(monkeypatch, 25, lambda: sweep.run(TINY, out, quiet=True))  # mid second job
     summary = sweep.run(TINY, out, quiet=True)
     first, second = summary["invocations"]
     assert first["interrupted"] and first["wall_seconds"] > 0 and first["phases"] == []
@@ -364,7 +347,7 @@ def test_a_killed_randomized_retrieval_job_resumes_to_the_same_result(tmp_path, 
     )
     whole = sweep.run_retrieval_job(cfg, "randomized", 0, str(tmp_path / "a"), quiet=True)
     out = str(tmp_path / "b")
-    _crash_after(
+    crash_after(
         monkeypatch, 15, lambda: sweep.run_retrieval_job(cfg, "randomized", 0, out, quiet=True)
     )
     torch.manual_seed(999)

@@ -11,6 +11,14 @@ from collections.abc import Callable
 from ._errors import InputError
 
 
+def share(path: str | os.PathLike[str]) -> None:
+    """Give a temporary file the permissions a plain ``open()`` would: mkstemp makes it
+    private (0600), and the page, plots and checkpoints are meant to be shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it onto ``path``.
 
@@ -29,11 +37,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -
     os.close(fd)
     try:
         write(tmp)
-        # mkstemp makes the file private (0600); the result should have the permissions a
-        # plain open() would give it, as the page and checkpoints are meant to be shared.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        share(tmp)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

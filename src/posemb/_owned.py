@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ._errors import InputError
+from ._io import share
 
 MANIFEST = ".posemb-owned.json"
 LOCK = ".posemb-owned.lock"  # held by a command for the whole of its run (OwnedFolder.running)
@@ -363,7 +364,7 @@ class OwnedFolder:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(body, f, indent=1)
-            _share(tmp)
+            share(tmp)
             os.replace(tmp, self.path / MANIFEST)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -389,7 +390,7 @@ class OwnedFolder:
         os.close(fd)
         try:
             writer(tmp)
-            _share(tmp)
+            share(tmp)
             new = sha256_file(tmp)
             with self._locked():
                 files = self._read() or {}
@@ -463,13 +464,6 @@ def _relative(rel: object) -> bool:
         return False
     parts = pathlib.PurePosixPath(rel).parts
     return ".." not in parts and "." not in parts and rel == pathlib.PurePosixPath(rel).as_posix()
-
-
-def _share(path: str) -> None:
-    # mkstemp makes a file private (0600); outputs should have the permissions open() gives.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 __all__ = ["LOCK", "MANIFEST", "OwnedFolder", "check_output_file", "probe_writable", "sha256_file"]
