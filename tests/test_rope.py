@@ -481,3 +481,27 @@ def test_changing_base_rotary_dim_or_scaling_after_a_call_serves_no_stale_table(
         with pytest.raises(ValueError, match=match):
             setattr(rope, name, bad)
     assert (rope.base, rope.rotary_dim) == (500000.0, 8)  # a refused value changes nothing
+
+
+def test_dynamic_ntk_decoding_past_its_length_keeps_no_table_per_step():
+    # Past L every decode step is a new length and a new base: each step formed and kept a
+    # (2, p + 1, r/2) table for one token (300 steps from p = 2000 held ~140 MB in 256 tables).
+    ntk = posemb.scaling.DynamicNTK(2.0, 1024)
+    rope = posemb.RotaryEmbedding(64, scaling=ntk)
+    q = torch.randn(1, 2, 1, 64)
+    rope(q, q, torch.tensor([5]))  # within L: one table serves every step
+    assert rope.table_builds == 1
+    for p in range(2000, 2040):
+        got, _ = rope(q, q, torch.tensor([p]))
+        inv, _ = ntk.compute(64, 10000.0, seq_len=p + 1)
+        want = posemb.apply_rope(q.double(), *posemb.cos_sin(torch.tensor([p]), inv, F64))
+        assert_close(got, want, torch.float32)
+    prefill = torch.randn(1, 2, 1500, 64)
+    got, _ = rope(prefill, prefill)  # default positions past L: computed, not kept either
+    inv, _ = ntk.compute(64, 10000.0, seq_len=1500)
+    assert_close(got, posemb.apply_rope(prefill.double(), *_tables_of(1500, inv)), torch.float32)
+    assert rope.table_builds == 1 and len(rope._tables) == 1
+
+
+def _tables_of(n, inv):
+    return posemb.cos_sin(torch.arange(n), inv, F64)

@@ -259,7 +259,7 @@ class RotaryEmbedding(nn.Module):
         compute = _checks.compute_dtype(x)
         if positions is None:
             # Default positions 0..seq-1: the length is known on the host, no sync.
-            if _checks.tracing() or seq > CACHE_ROWS:
+            if _checks.tracing() or seq > CACHE_ROWS or not self.scaling.reuses_tables(seq):
                 return self._cos_sin(pos, compute, x.device, seq)
             both = self._table(seq, seq, x.device, compute)
             return both[0, :seq], both[1, :seq]
@@ -272,8 +272,8 @@ class RotaryEmbedding(nn.Module):
             lo, hi = min(values), max(values)
         else:
             lo, hi = (int(v) for v in torch.aminmax(pos))
-        if lo < 0 or hi >= CACHE_ROWS:
-            return self.cos_sin(pos, dtype=compute, device=x.device)
+        if lo < 0 or hi >= CACHE_ROWS or not self.scaling.reuses_tables(hi + 1):
+            return self._cos_sin(pos, compute, x.device, hi + 1)
         both = self._table(hi + 1, hi + 1, x.device, compute)[:, pos]  # one gather for both
         return both[0], both[1]
 

@@ -73,6 +73,13 @@ class RopeScaling:
         """What of ``seq_len`` the result depends on (None: nothing), for memoising tables."""
         return None
 
+    def reuses_tables(self, seq_len: int | None) -> bool:
+        """Whether a table of positions formed for a call of length ``seq_len`` can serve other
+        calls. False where every length is a schedule of its own (dynamic NTK past its original
+        length): a module then rotates the call's positions directly, O(positions) work, rather
+        than forming and keeping a table of every position for each decode step."""
+        return True
+
     def bands(self, rotary_dim: int, base: float) -> list[str] | None:
         """Per-frequency band names for methods that treat frequency bands differently."""
         return None
@@ -216,6 +223,10 @@ class DynamicNTK(RopeScaling):
 
     def length_key(self, seq_len: int | None) -> Hashable:
         return self._length(seq_len)
+
+    def reuses_tables(self, seq_len: int | None) -> bool:
+        # Past L each decode step is a new length, hence a new base: a table for one token.
+        return self._length(seq_len) == self.original_max_position_embeddings
 
     def _length(self, seq_len: int | None) -> int:
         """l' = max(l, L): the length the base is grown for."""
