@@ -381,3 +381,53 @@ def test_opcheck_triton_ops_with_positions_offsets_and_packed_sequences(inplace)
     for qq, kk, p, o, cu, max_len in cases:
         args = (qq, kk, cos, sin, None, None, False, False, p, o, cu, max_len, 0)
         torch.library.opcheck(op.default, args, test_utils=TRITON_OPCHECKS)
+
+
+# --- in place: nothing written twice (issue 30, item 5 and item 10's expanded k) ---------------
+
+
+def _overlapping_views():
+    """(name, q, k) pairs an in-place rotation must refuse: each writes some element twice."""
+    x = torch.randn(1, 3, 4, 8)
+    flat = torch.randn(100)
+    half = flat.as_strided((1, 2, 4, 8), (64, 32, 8, 1), 4)  # rows half over x's rows
+    return [
+        ("k is a head of q", x, x[:, :1]),
+        ("q is a head of k", x[:, 2:], x),
+        ("k half over q", flat.as_strided((1, 2, 4, 8), (64, 32, 8, 1), 0), half),
+        ("expanded k", torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8).expand(1, 2, 4, 8)),
+        (
+            "k's rows overlap",
+            torch.randn(1, 1, 4, 8),
+            flat.as_strided((1, 1, 4, 8), (32, 32, 5, 1)),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["reference", *FUSED])
+@pytest.mark.parametrize("case", range(5))
+def test_inplace_refuses_q_and_k_that_share_elements(backend, case):
+    # rope(x, x[:, :1], inplace=True) turned head 0 twice on the CPU op and once on the
+    # reference; an expanded k raised a RuntimeError from C++ or from PyTorch.
+    name, q, k = _overlapping_views()[case]
+    before = (q.clone(), k.clone())
+    rope = posemb.RotaryEmbedding(8, backend=backend)
+    with pytest.raises(ValueError, match="inplace=True writes"):
+        rope(q, k, inplace=True)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1]), name  # nothing written
+    with pytest.raises(ValueError, match="inplace=True writes"):
+        kernels.rotate_cached(q, k, *rope.cos_sin(torch.arange(8)), inplace=True, backend=backend)
+    rope(q, k)  # out of place nothing is written: every such pair is fine
+
+
+@pytest.mark.parametrize("backend", ["reference", *FUSED])
+def test_inplace_rotates_disjoint_heads_of_one_packed_buffer(backend):
+    # q, k and v as views of one (batch, seq, heads, dim) projection share memory but no
+    # element: in place must keep working for them.
+    qkv = torch.randn(2, 5, 12, 8).transpose(1, 2)
+    q, k = qkv[:, :8], qkv[:, 8:10]
+    rope = posemb.RotaryEmbedding(8, backend=backend)
+    want = rope(q.clone(), k.clone())
+    v = qkv[:, 10:].clone()
+    rope(q, k, inplace=True)
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1]) and torch.equal(qkv[:, 10:], v)

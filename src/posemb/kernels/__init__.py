@@ -32,6 +32,7 @@ from .. import _checks, _extras, _renamed
 from .._errors import BackendUnavailable, InputError
 from . import cpu as _cpu
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
+from . import overlap as _overlap
 from . import reference
 from .layout import Layout, as_layout
 
@@ -177,11 +178,14 @@ def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def _refuse_inplace_grad(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> None:
-    if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if not inplace:
+        return
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         raise InputError(
             "inplace=True rotates q and k in their own memory, which autograd cannot "
             "differentiate; use inplace=False for training, or run under torch.no_grad()"
         )
+    _overlap.written_apart(q, k)
 
 
 def _reference_pair(
