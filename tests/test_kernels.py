@@ -431,3 +431,37 @@ def test_inplace_rotates_disjoint_heads_of_one_packed_buffer(backend):
     v = qkv[:, 10:].clone()
     rope(q, k, inplace=True)
     assert torch.equal(q, want[0]) and torch.equal(k, want[1]) and torch.equal(qkv[:, 10:], v)
+
+
+# --- gradients reach the tables (issue 30, item 6) ---------------------------------------------
+
+
+def _grads(backend, cached, q_grad):
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
+    q.requires_grad_(q_grad)
+    cos, sin = (t.clone().requires_grad_() for t in tables(torch.arange(9), 8, "cpu"))
+    if cached:
+        qo, ko = kernels.rotate_cached(
+            q, k, cos, sin, offsets=torch.tensor([0, 4]), backend=backend
+        )
+    else:
+        qo, ko = kernels.rotate(q, k, cos[2:7], sin[2:7], backend=backend)
+    ((qo * torch.linspace(-1, 1, 8)).sum() + (ko**2).sum()).backward()
+    return [t.grad for t in (cos, sin, q) if t.grad is not None]
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("q_grad", [False, True])
+def test_tables_that_require_grad_get_their_gradient_on_every_backend(backend, cached, q_grad):
+    # The fused ops differentiated with respect to q and k only: cos.grad was None on
+    # auto/cpu, and with only the tables requiring grad backward() failed.
+    got, want = _grads(backend, cached, q_grad), _grads("reference", cached, q_grad)
+    assert len(got) == len(want) == 2 + q_grad
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, torch.float32)
+    cos, sin = (t.requires_grad_() for t in tables(torch.arange(5), 8, "cpu"))
+    q = torch.randn(1, 1, 5, 8)
+    with pytest.raises(ValueError, match="a cos/sin table requires grad"):
+        kernels.rotate(q, q.clone(), cos, sin, backend=backend, inplace=True)

@@ -505,3 +505,27 @@ def test_dynamic_ntk_decoding_past_its_length_keeps_no_table_per_step():
 
 def _tables_of(n, inv):
     return posemb.cos_sin(torch.arange(n), inv, F64)
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_vmap_and_jacrev_run_over_a_fused_module(backend):
+    # "Batching rule not implemented for posemb::_rotate_cpu_into" and "must override the
+    # setup_context staticmethod": under torch.func the fused backends now take the reference.
+    if backend == "cpu" and not posemb.kernels.cpu.available():
+        pytest.skip("no CPU op here")
+    rope = posemb.RotaryEmbedding(8, backend=backend)
+    q = torch.randn(3, 1, 2, 4, 8)
+    pos = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3], [9, 9, 9, 9]])
+    loop = torch.stack([rope(x, x, p)[0] for x, p in zip(q, pos, strict=True)])
+    assert_close(torch.func.vmap(lambda x, p: rope(x, x, p)[0])(q, pos), loop, torch.float32)
+    at_zero = torch.stack([rope(x, x)[0] for x in q])
+    assert_close(torch.func.vmap(lambda x: rope(x, x)[0])(q), at_zero, torch.float32)
+    reference = posemb.RotaryEmbedding(8, backend="reference")
+    jac = torch.func.jacrev(lambda x: rope(x, x, pos[0])[1])(q[0])
+    want = torch.func.jacrev(lambda x: reference(x, x, pos[0])[1])(q[0])
+    assert_close(jac, want, torch.float32)
+    dynamic = posemb.RotaryEmbedding(8, scaling=posemb.scaling.DynamicNTK(2.0, 4))
+    with pytest.raises(ValueError, match="vmap over positions cannot"):
+        torch.func.vmap(lambda p: dynamic(q[0], q[0], p)[0])(pos)
+    got = torch.func.vmap(lambda x: dynamic(x, x, pos[0])[0])(q)[1]
+    assert_close(got, dynamic(q[1], q[1], pos[0])[0], torch.float32)

@@ -17,10 +17,13 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def tracing() -> bool:
     """Whether torch is tracing this call (``torch.compile``, ``torch.export`` in either mode,
-    or any ``FakeTensorMode``): what is computed now is not a real tensor, or not one to keep.
+    any ``FakeTensorMode``, or a ``torch.func`` transform such as vmap or jacrev): what is
+    computed now is not a real tensor, or not one to keep.
     """
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return True
+    if torch._C._functorch.maybe_current_level() is not None:
+        return True  # a batched or grad-tracking wrapper has no storage to read or keep
     # The active dispatch modes, read directly: ~0.4 us, where torch._guards.detect_fake_mode
     # takes ~15 us, too much for a decode step that asks once per layer.
     get, keys = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey

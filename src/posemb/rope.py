@@ -206,6 +206,12 @@ class RotaryEmbedding(nn.Module):
         pos = _checks.positions(positions)
         seq_len = None
         if self.scaling.depends_on_length and pos.numel():
+            if torch._C._functorch.is_batchedtensor(pos):
+                raise InputError(
+                    f"{type(self.scaling).__name__} reads the call's largest position, which "
+                    f"vmap over positions cannot give; vmap over q and k with the positions "
+                    f"fixed, or loop"
+                )
             # The length a length-dependent scaling sees is max position + 1 over the whole
             # call, as in transformers; computed per call, never stored on the module.
             seq_len = int(pos.max()) + 1

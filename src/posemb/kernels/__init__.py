@@ -177,15 +177,44 @@ def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
     )
 
 
-def _refuse_inplace_grad(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> None:
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _refuse_inplace_grad(inplace: bool, q: torch.Tensor, k: torch.Tensor, *tables: object) -> None:
     if not inplace:
         return
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if _needs_grad(q, k, *(t for t in tables if isinstance(t, torch.Tensor))):
         raise InputError(
             "inplace=True rotates q and k in their own memory, which autograd cannot "
-            "differentiate; use inplace=False for training, or run under torch.no_grad()"
+            "differentiate (q, k or a cos/sin table requires grad); use inplace=False for "
+            "training, or run under torch.no_grad()"
         )
     _overlap.written_apart(q, k)
+
+
+def _pick_backend(backend: str, q: torch.Tensor, *tables: torch.Tensor | None) -> str:
+    """:func:`resolve_backend`, but the reference where a fused op cannot give the answer:
+
+    - under a ``torch.func`` transform (vmap, grad, jacrev, jvp): the ops have no batching
+      rule and their autograd is not a functorch one; the reference is plain torch;
+    - where a table needs a gradient: the fused ops differentiate with respect to q and k
+      only (the tables are constants of a model), and a learned or scaled table must still
+      get its gradient (issue 30, item 6).
+    """
+    which = resolve_backend(backend, q)
+    if which == "reference":
+        return which
+    if torch._C._functorch.maybe_current_level() is not None:
+        return "reference"
+    if _needs_grad(*tables):
+        _log_once(
+            f"table-grad-{which}",
+            f"posemb: cos/sin tables that require grad take the reference rotation (the "
+            f"{which} op has no gradient for them)",
+        )
+        return "reference"
+    return which
 
 
 def _reference_pair(
@@ -279,8 +308,8 @@ def rotate(
     _checks.per_token_tables(cos, q, "q")
     k_cos, k_sin = _key_tables(cos, k_cos, k_sin)
     lay = as_layout(layout)
-    which = resolve_backend(backend, q)
-    _refuse_inplace_grad(q, k, inplace)
+    which = _pick_backend(backend, q, cos, sin, k_cos, k_sin)
+    _refuse_inplace_grad(inplace, q, k, cos, sin, k_cos, k_sin)
     if which == "reference":
         return _reference_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
     if which == "cpu":
@@ -410,8 +439,8 @@ def rotate_cached(
     _checks.cos_sin_tables(cos, sin, q, (2,))
     rows, pos, off, cu, seq_len = _cache_rows(q, cos, positions, offsets, cu_seqlens)
     lay = as_layout(layout)
-    which = resolve_backend(backend, q)
-    _refuse_inplace_grad(q, k, inplace)
+    which = _pick_backend(backend, q, cos, sin)
+    _refuse_inplace_grad(inplace, q, k, cos, sin)
     if which == "triton":
         from . import triton as _tr  # noqa: F401  (registers the Triton ops)
 
