@@ -189,3 +189,131 @@ def test_old_and_new_import_paths_name_the_same_objects():
     assert hf.convert_checkpoint is convert.convert_checkpoint
     assert hf.convert_qk_layout is convert.convert_qk_layout
     assert (hf.Q_PATTERN, hf.K_PATTERN) == (convert.Q_PATTERN, convert.K_PATTERN)
+
+
+# --- GQA head counts and sharded checkpoints (issue 30, item 8) --------------------------------
+
+
+def test_gqa_without_its_key_head_count_is_refused_not_written_wrong(tmp_path, capsys):
+    # k was permuted as 4 heads of 8 channels where q's heads are 16 wide: a checkpoint that
+    # loaded and gave layer-0 logits off by 0.57.
+    t = {"wq.weight": torch.randn(4 * 16, 8), "wk.weight": torch.randn(1 * 16, 8)}
+    with pytest.raises(ValueError, match=r"head dims disagree.*pass --num-kv-heads 1"):
+        hf.convert_qk_layout(t, "half", 4)
+    hf.convert_qk_layout(t, "half", 4, 1)
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file(t, str(src))
+    err = cli_error(["convert", str(src), str(out), "--to", "half", "--num-heads", "4"], capsys)
+    assert "head dims disagree" in err and "--num-kv-heads 1" in err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="head dims disagree"):  # a wrong count given
+        hf.convert_qk_layout(t, "half", 4, 2)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """A tiny Llama saved by transformers in 5 KB shards (14: a q_proj or k_proj alone in
+    some), and its whole state dict."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    folder = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(folder, max_shard_size="5KB", safe_serialization=True)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    whole = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        whole |= load(folder / shard)[0]
+    return folder, index["weight_map"], whole
+
+
+def test_a_sharded_folder_converts_in_one_call_and_back_byte_for_byte(sharded, tmp_path, capsys):
+    # Every shard of this checkpoint used to fail (exit 2): embeddings only, the LM head only,
+    # or a boundary between q_proj and k_proj.
+    folder, wmap, whole = sharded
+    by_shard = {}
+    for name, shard in wmap.items():
+        by_shard.setdefault(shard, set()).add(name.rsplit(".", 2)[-2])
+    assert any("q_proj" in s and "k_proj" not in s for s in by_shard.values())
+    assert any(not {"q_proj", "k_proj"} & s for s in by_shard.values())
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    out, back = tmp_path / "interleaved", tmp_path / "back"
+    args = ["--to", "interleaved", "--num-heads", "4", "--num-kv-heads", "2"]
+    assert cli.main(["convert", str(folder), str(out), *args]) == 0
+    said = capsys.readouterr().out
+    assert "converted 4 q/k tensors to the interleaved layout" in said, said
+    assert "in 4 of 14 shards (10 without q/k copied unchanged)" in said, said
+    want = hf.convert_qk_layout(whole, "interleaved", 4, 2)[0]
+    got = {}
+    for shard in set(wmap.values()):
+        tensors, metadata = load(out / shard)
+        assert metadata == load(folder / shard)[1]
+        got |= tensors
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    assert (out / "model.safetensors.index.json").read_bytes() == before[
+        "model.safetensors.index.json"
+    ]
+    index = out / "model.safetensors.index.json"
+    args[1] = "half"
+    assert cli.main(["convert", str(index), str(back), *args]) == 0
+    for shard in set(wmap.values()):
+        assert (back / shard).read_bytes() == before[shard], shard
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # input untouched
+    # A second run into the same folder replaces only its own files.
+    assert cli.main(["convert", str(folder), str(out), "--to", "interleaved", "--num-heads", "4",
+                     "--num-kv-heads", "2"]) == 0  # fmt: skip
+
+
+def test_each_shard_converts_on_its_own_checked_against_the_whole(sharded, tmp_path, capsys):
+    folder, wmap, whole = sharded
+    want = hf.convert_qk_layout(whole, "interleaved", 4, 2)[0]
+    for shard in sorted(set(wmap.values())):
+        dst = tmp_path / shard
+        names = hf.convert_checkpoint(folder / shard, dst, "interleaved", 4, 2)
+        tensors, _ = load(dst)
+        assert all(torch.equal(t, want[n]) for n, t in tensors.items())
+        if not names:
+            assert dst.read_bytes() != b"" and all(
+                torch.equal(t, whole[n]) for n, t in tensors.items()
+            )
+    # The GQA check reads every shard's header: a shard holding only q still knows k's rows.
+    q_only = next(
+        s for s in set(wmap.values()) if any("q_proj" in n for n, f in wmap.items() if f == s)
+    )
+    with pytest.raises(ValueError, match=r"head dims disagree.*--num-kv-heads 2"):
+        hf.convert_checkpoint(folder / q_only, tmp_path / "x.safetensors", "interleaved", 4)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_sharded_conversion_refuses_bad_indexes_and_outputs(sharded, tmp_path, capsys):
+    folder, _, _ = sharded
+    base = ["--to", "half", "--num-heads", "4", "--num-kv-heads", "2"]
+    assert "is the input's folder" in cli_error(
+        ["convert", str(folder), str(folder), *base], capsys
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "has no *.safetensors.index.json" in cli_error(
+        ["convert", str(empty), str(tmp_path / "o1"), *base], capsys
+    )
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for escape, match in (
+        ("../x.safetensors", "must be file names"),
+        ("gone.safetensors", "not there"),
+    ):
+        (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": escape}}))
+        assert match in cli_error(["convert", str(bad), str(tmp_path / "o2"), *base], capsys)
+    (bad / "model.safetensors.index.json").write_text("{not json")
+    assert "not a readable JSON" in cli_error(
+        ["convert", str(bad), str(tmp_path / "o3"), *base], capsys
+    )
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    assert "did not write" in cli_error(["convert", str(folder), str(taken), *base], capsys)
+    assert [p.name for p in taken.iterdir()] == ["notes.txt"]
+    assert not any((tmp_path / n).exists() for n in ("o1", "o2", "o3"))

@@ -140,9 +140,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         rotary = rotary or shape.rotary_dim
     if heads is None:
         raise InputError("--num-heads is required unless --config gives num_attention_heads")
-    converted = hf.convert_checkpoint(
-        args.input,
-        args.output,
+    how = dict(
         to=args.to,
         num_heads=heads,
         num_kv_heads=kv,
@@ -151,10 +149,23 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         k_pattern=args.k_pattern,
         overwrite=args.force,
     )
-    print(
-        f"converted {len(converted)} q/k tensors to the {args.to} layout "
-        f"({heads} q heads, {kv or heads} kv heads); wrote {args.output}"
-    )
+    counts = f"to the {args.to} layout ({heads} q heads, {kv or heads} kv heads)"
+    src = pathlib.Path(args.input)
+    if src.is_dir() or src.name.endswith(hf.convert.INDEX_SUFFIX):
+        shards = hf.convert_sharded(src, args.output, **how)
+        n = sum(len(names) for names in shards.values())
+        copied = sum(not names for names in shards.values())
+        print(
+            f"converted {n} q/k tensors {counts} in {len(shards) - copied} of {len(shards)} "
+            f"shards ({copied} without q/k copied unchanged); wrote {args.output} (the shards "
+            f"and the index; copy the config and tokenizer files yourself)"
+        )
+        return 0
+    converted = hf.convert_checkpoint(args.input, args.output, **how)
+    if not converted:
+        print(f"no q/k tensors in this shard: copied unchanged to {args.output}")
+        return 0
+    print(f"converted {len(converted)} q/k tensors {counts}; wrote {args.output}")
     return 0
 
 
@@ -406,8 +417,13 @@ def _add_convert(sub: Any) -> None:
         "computes the same attention under the other (interleaved is Meta's, half is Hugging "
         "Face's). Reads and writes safetensors only; other tensors are copied unchanged.",
     )
-    convert.add_argument("input", help="input .safetensors file (never modified)")
-    convert.add_argument("output", help="output .safetensors file (written atomically)")
+    convert.add_argument(
+        "input",
+        help="input .safetensors file, or a sharded checkpoint's index or folder (never modified)",
+    )
+    convert.add_argument(
+        "output", help="output .safetensors file, or folder for a sharded checkpoint"
+    )
     convert.add_argument("--to", required=True, choices=("half", "interleaved"))
     convert.add_argument("--config", help="config.json or params.json giving the head counts")
     convert.add_argument("--num-heads", type=_positive, help="query heads")

@@ -12,8 +12,8 @@ One module per job, every public name re-exported here (``from posemb import hf`
 - :mod:`posemb.hf.patch`: :class:`HFRotaryEmbedding`, :func:`patch_rotary` (the swap into a
   ``transformers`` model; ``fused=True`` also routes its attention's rotation through posemb's
   op, :mod:`posemb.hf.fused`) and :func:`unpatch_rotary`.
-- :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict or a
-  safetensors file.
+- :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict, a
+  safetensors file or a sharded checkpoint (:func:`convert_sharded`).
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
 
 ``transformers`` is imported only to fill a key that a published config leaves to its model
@@ -101,7 +101,7 @@ from .config import (
     rope_spec,
     rotary_from_config,
 )
-from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
+from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout, convert_sharded
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
 from .patch import HFRotaryEmbedding, patch_rotary, unpatch_rotary
@@ -124,6 +124,7 @@ __all__ = [
     "attention_shape",
     "convert_checkpoint",
     "convert_qk_layout",
+    "convert_sharded",
     "format_inspect",
     "format_model",
     "format_vision",
