@@ -368,3 +368,40 @@ def test_query_temperature_in_every_dtype(monkeypatch, dtype):
     assert torch.equal(same(q, k, v), no_temp(q, k, v))
     assert "query_temperature=Llama4AttnTemperature(floor_scale=4, attn_scale=0.5)" in repr(pa)
     assert "query_temperature" not in repr(no_temp)
+
+
+# --- a query that sees no key: one rule (issue 30, item 9) -------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
+def test_a_query_that_sees_no_key_gets_zeros_everywhere(encoding):
+    # Causal with more queries than keys returned zero rows from forward and NaN rows from
+    # attention_weights, while attention_probs refused: now the default geometry is refused
+    # by all three, and a query that sees nothing is zeros in all three.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 3, 3))
+    attn = posemb.PositionalAttention(encoding, num_heads=2, head_dim=8, causal=True)
+    for call in (lambda: attn(q, k, v), lambda: attn.attention_weights(q, k)):
+        with pytest.raises(ValueError, match="causal attention needs q_len <= k_len"):
+            call()
+    with pytest.raises(ValueError, match="causal attention needs q_len <= k_len"):
+        posemb.attention_probs(q, k, causal=True)
+    pos = torch.tensor([[-2, -1, 0, 1, 2], [0, 1, 2, 3, 4]])  # row 0: two queries before every key
+    pad = torch.tensor([[False, False, False], [True, True, True]])  # row 1: every key padding
+    out = attn(q, k, v, positions=pos, key_padding_mask=pad)
+    w = attn.attention_weights(q, k, positions=pos, key_padding_mask=pad)
+    assert torch.isfinite(w).all() and torch.isfinite(out).all()
+    assert (w[0, :, :2] == 0).all() and (out[0, :, :2] == 0).all()
+    assert (w[1] == 0).all() and (out[1] == 0).all()
+    assert torch.allclose(w[0, :, 2:].sum(-1), torch.ones(2, 3))
+    assert_close(out, w @ v.float(), torch.float32)
+
+
+def test_attention_probs_gives_zeros_for_a_hidden_row_and_keeps_nan():
+    q, k = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    bias = torch.zeros(3, 3)
+    bias[1] = float("-inf")
+    p = posemb.attention_probs(q, k, bias=bias)
+    assert (p[0, 0, 1] == 0).all() and torch.allclose(p[0, 0, [0, 2]].sum(-1), torch.ones(2))
+    q[0, 0, 2, 0] = float("nan")  # a NaN is a bug upstream: it must still show
+    assert torch.isnan(posemb.attention_probs(q, k, bias=bias)[0, 0, 2]).all()

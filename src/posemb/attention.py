@@ -37,11 +37,14 @@ def attention_probs(
         causal: mask keys after the query. With ``q_len < k_len`` the queries are the last
             ``q_len`` positions (a decode step over a KV cache): query i sees keys
             ``j <= i + k_len - q_len``.
-        bias: additive logits bias broadcastable to ``(batch, heads, q_len, k_len)``.
+        bias: additive logits bias broadcastable to ``(batch, heads, q_len, k_len)``; -inf
+            hides a key.
         scale: logit scale; default ``1 / sqrt(head_dim)``.
 
     Returns:
-        ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); rows sum to 1.
+        ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); rows sum to 1,
+        but a query that may see no key (every logit -inf) gets a row of zeros, the weights
+        ``torch.nn.functional.scaled_dot_product_attention`` gives it (softmax would give NaN).
     """
     q = _checks.float_tensor("q", q)
     k = _checks.float_tensor("k", k)
@@ -58,7 +61,10 @@ def attention_probs(
         raise InputError(f"q heads ({q.shape[1]}) must be a multiple of k heads ({k.shape[1]})")
     q_len, k_len = q.shape[2], k.shape[2]
     if causal and q_len > k_len:
-        raise InputError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
+        raise InputError(
+            f"causal attention needs q_len <= k_len (the queries are the last q_len of the "
+            f"k_len positions), got {q_len} > {k_len}"
+        )
     dt = _checks.compute_dtype(q)
     kk = k.to(dt).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -76,7 +82,10 @@ def attention_probs(
         i = torch.arange(q_len, device=q.device)[:, None] + (k_len - q_len)
         j = torch.arange(k_len, device=q.device)[None, :]
         logits = logits.masked_fill(j > i, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    # One rule for a query that sees nothing, here and in PositionalAttention (issue 30,
+    # item 9): zero weights, as SDPA gives; a NaN logit still gives NaN.
+    blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
+    return torch.softmax(logits, dim=-1).masked_fill(blind, 0.0)
 
 
 def dot_product_attention(
@@ -180,7 +189,10 @@ class PositionalAttention(nn.Module):
 
     Positions work for every encoding: queries default to the last ``q_len`` of ``k_len``
     positions, so a decode step (one query over a cache of k and v, not yet rotated) gives the
-    same output as the same row of the full forward.
+    same output as the same row of the full forward. A query that may see no key (every key
+    masked by causality, explicit positions or ``key_padding_mask``) gets zero weights and a
+    zero output, in :meth:`forward`, :meth:`attention_weights` and :func:`attention_probs`
+    alike; causal attention with more queries than keys needs explicit positions.
 
     Args:
         encoding: a name from :data:`ATTENTION_ENCODINGS`, an encoding module
@@ -339,6 +351,14 @@ class PositionalAttention(nn.Module):
                 f"{tuple(k.shape)}"
             )
         k_len = k.shape[2]
+        if self.causal and positions is None and q_len > k_len:
+            # The default puts the queries at the last q_len of the k_len positions: the first
+            # ones would sit before every key and see nothing.
+            raise InputError(
+                f"causal attention needs q_len <= k_len (the queries are the last q_len of the "
+                f"k_len positions), got {q_len} > {k_len}; pass positions for queries "
+                f"elsewhere"
+            )
         default_positions = positions is None and k_positions is None
         kp = _checks.positions_for(
             "k_positions", k_positions, batch=b, length=k_len, device=k.device
