@@ -135,3 +135,81 @@ def test_a_composite_class_s_head_dim_default_is_read_through_it():
     d = json.loads((data / "voxtral__voxtral-mini-3b-2507.json").read_text())
     d["text_config"].pop("head_dim", None)
     assert hf.rope_spec(d).head_dim == 128
+
+
+# --- crashes that were input errors (issue 30, item 10) ----------------------------------------
+
+_BIG = 1 << 62
+_META_Q = torch.zeros(1, 1, 2, 8, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: posemb.RotaryEmbedding(8)(_META_Q, _META_Q), "q is on the meta device"),
+        (
+            lambda: posemb.RotaryEmbedding(8)(
+                torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), torch.arange(2, device="meta")
+            ),
+            "positions are on the meta device",
+        ),
+        (lambda: kernels.rotate(_META_Q, _META_Q, None, None), "q is on the meta device"),
+        (
+            lambda: posemb.AlibiBias(2)(torch.arange(2, device="meta"), torch.arange(2)),
+            "q_positions are on the meta device",
+        ),
+        (lambda: posemb.scaling.NTK(1e308).compute(8, 1e4), r"NTK scaling by 1e\+308"),
+        (
+            lambda: posemb.scaling.DynamicNTK(1e308, 4).compute(8, 1e4, 100),
+            r"DynamicNTK\(factor=1e\+308\)",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8, scaling=posemb.scaling.DynamicNTK(1e17, 4))(
+                torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8)
+            ),
+            "must be finite and >= 1: choose a smaller factor",
+        ),
+        (
+            lambda: posemb.AlibiBias(2)(torch.zeros(2, 4, dtype=int), torch.zeros(3, 4, dtype=int)),
+            "must have one batch",
+        ),
+        (
+            lambda: posemb.AlibiBias(2)(torch.tensor([_BIG]), torch.tensor([5 - _BIG])),
+            r"q_positions must lie within -2\^53 .. 2\^53",
+        ),
+        (
+            lambda: posemb.T5Bias(2)(torch.tensor([_BIG]), torch.tensor([5 - _BIG])),
+            r"q_positions must lie within",
+        ),
+        (
+            lambda: posemb.t5_relative_bucket(torch.tensor([-(1 << 63)])),
+            "relative_position must lie within",
+        ),
+        (
+            lambda: posemb.RotaryEmbedding(8)(
+                torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), torch.tensor([0, 1 << 60])
+            ),
+            "positions must lie within",
+        ),
+    ],
+    ids=[
+        "meta-q", "meta-positions", "meta-kernel", "meta-bias", "ntk-overflow",
+        "dynamic-overflow", "dynamic-cancels", "alibi-batches", "alibi-2^62", "t5-2^62",
+        "t5-int64-min", "rope-2^60",
+    ],
+)  # fmt: skip
+def test_what_crashed_is_refused_in_one_clear_error(call, match):
+    # Each raised NotImplementedError, RuntimeError, OverflowError or IndexError, blamed the
+    # base, or (ALiBi near 2^62) gave +5.8e17 for a distance of 5.
+    with pytest.raises(posemb.InputError, match=match):
+        call()
+
+
+def test_positions_at_the_limit_still_work():
+    limit = 1 << 53
+    bias = posemb.AlibiBias(1)(torch.tensor([limit]), torch.tensor([limit - 3]))
+    assert float(bias) == -3.0 * float(posemb.alibi_slopes(1))
+    q = torch.randn(1, 1, 2, 8)
+    rope = posemb.RotaryEmbedding(8)
+    far, _ = rope(q, q, torch.tensor([limit - 1, limit]))
+    assert torch.isfinite(far).all()

@@ -96,7 +96,14 @@ def heads_tensor(name: str, x: object, head_dim: int) -> torch.Tensor:
             f"{name} must have shape (batch, heads, seq, head_dim={head_dim}), "
             f"got shape {tuple(x.shape)}"
         )
+    not_meta(name, x)
     return x
+
+
+def not_meta(name: str, x: torch.Tensor) -> None:
+    """Refuse a tensor on the meta device: it has a shape but no values to rotate."""
+    if x.device.type == "meta":
+        raise InputError(f"{name} is on the meta device, which holds no values; {_META}")
 
 
 def float_dtype(name: str, dtype: object) -> torch.dtype:
@@ -133,6 +140,8 @@ def positions(
         )
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise InputError(f"{name} must have an integer dtype, got {t.dtype}")
+    if t.device.type == "meta":
+        raise InputError(f"{name} are on the meta device, which holds no values; {_META}")
     if max_dim is not None and not 1 <= t.dim() <= max_dim:
         shapes = "(seq,)" if max_dim == 1 else "(seq,) or (batch, seq)"
         raise InputError(f"{name} must have shape {shapes}, got shape {tuple(t.shape)}")
@@ -141,6 +150,26 @@ def positions(
         # position is an index, so it is widened once, here, for every entry point.
         t = t.to(torch.int64)
     return t
+
+
+POSITION_LIMIT = 1 << 53
+"""Largest position magnitude posemb accepts: exact in float64, where angles and biases are
+formed, and far from overflowing int64 when two are subtracted."""
+
+_META = "posemb needs real values (for shapes alone, trace with FakeTensorMode or torch.export)"
+
+
+def within_limit(name: str, t: torch.Tensor, limit: int = POSITION_LIMIT) -> None:
+    """Refuse integers of magnitude above ``limit`` (one host read of their range). Skipped
+    while tracing, where there are no values to read."""
+    if not t.numel() or tracing():
+        return
+    lo, hi = (int(v) for v in torch.aminmax(t))
+    if lo < -limit or hi > limit:
+        raise InputError(
+            f"{name} must lie within -2^{limit.bit_length() - 1} .. 2^{limit.bit_length() - 1} "
+            f"(exact in float64, where posemb forms angles and biases), got {lo} .. {hi}"
+        )
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -34,6 +34,14 @@ def relative_positions(q_positions: torch.Tensor, k_positions: torch.Tensor) -> 
         int64 ``(q_len, k_len)`` or ``(batch, q_len, k_len)``; negative for keys in the past.
     """
     q, k = _pos("q_positions", q_positions), _pos("k_positions", k_positions)
+    if q.dim() == k.dim() == 2 and 1 not in (q.shape[0], k.shape[0]) and q.shape[0] != k.shape[0]:
+        raise InputError(
+            f"q_positions and k_positions must have one batch (or 1), got {q.shape[0]} and "
+            f"{k.shape[0]}"
+        )
+    # Near 2^62 the difference overflowed int64 (ALiBi gave +5.8e17, T5 an IndexError).
+    _checks.within_limit("q_positions", q)
+    _checks.within_limit("k_positions", k)
     return k.unsqueeze(-2) - q.unsqueeze(-1)
 
 
@@ -179,6 +187,7 @@ def t5_relative_bucket(
         int64 buckets, same shape, in ``[0, num_buckets)``.
     """
     rel = _checks.positions(relative_position, name="relative_position").to(torch.int64)
+    _checks.within_limit("relative_position", rel, 2 * _checks.POSITION_LIMIT)  # no overflow
     nb = _check_buckets(num_buckets, max_distance, bidirectional)
     bucket = torch.zeros_like(rel)
     if bidirectional:

@@ -87,6 +87,7 @@ def angles(positions: torch.Tensor | list[int] | int, inv_freq: torch.Tensor) ->
         float64 tensor of shape ``P + (n,)`` on ``inv_freq``'s device.
     """
     pos = _checks.positions(positions)
+    _checks.within_limit("positions", pos)
     freqs = _checks.float_tensor("inv_freq", inv_freq)
     if freqs.dim() != 1:
         raise InputError(f"inv_freq must have shape (n,), got shape {tuple(freqs.shape)}")

@@ -127,7 +127,18 @@ def _ntk_base(base: float, ratio: float, rotary_dim: int) -> float:
     The exponent makes the slowest pair, i = d/2 - 1, interpolate by exactly ``ratio`` while the
     fastest pair is left alone.
     """
-    return base * ratio ** (rotary_dim / (rotary_dim - 2))
+    try:
+        new = base * ratio ** (rotary_dim / (rotary_dim - 2))
+    except OverflowError:
+        new = math.inf
+    if not math.isfinite(new):
+        # Blame the scaling, not the base the caller gave (which was fine).
+        raise InputError(
+            f"NTK scaling by {ratio:g} of base {base:g} at rotary_dim {rotary_dim} gives a base "
+            f"of {new:g}, beyond float64: choose a smaller factor (or, for dynamic NTK, a "
+            f"shorter length)"
+        )
+    return new
 
 
 @dataclass(frozen=True)
@@ -239,7 +250,15 @@ class DynamicNTK(RopeScaling):
         _need_pairs("DynamicNTK", rotary_dim, minimum=4)
         length = self._length(seq_len)
         s, orig = float(self.factor), self.original_max_position_embeddings
-        new_base = _ntk_base(base, s * length / orig - (s - 1), rotary_dim)
+        ratio = s * length / orig - (s - 1)  # transformers' form, for its exact rounding
+        if not (math.isfinite(ratio) and ratio >= 1.0):
+            # Mathematically >= 1; a factor near float64's range overflows, or cancels to 0.
+            raise InputError(
+                f"DynamicNTK(factor={s:g}) at length {length} (L = {orig}) gives a base ratio "
+                f"of {ratio:g} in float64, where it must be finite and >= 1: choose a smaller "
+                f"factor"
+            )
+        new_base = _ntk_base(base, ratio, rotary_dim)
         return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0
 
 

@@ -124,6 +124,7 @@ def _check_pair(q: object, k: object, varlen: bool) -> tuple[torch.Tensor, torch
     want = "(total, heads, head_dim)" if varlen else "(batch, heads, seq, head_dim)"
     dims = 3 if varlen else 4
     for name, t in (("q", q), ("k", k)):
+        _checks.not_meta(name, t)
         if t.dim() != dims:
             raise InputError(f"{name} must have shape {want}, got shape {tuple(t.shape)}")
         if t.numel() and t.stride(-1) != 1:
