@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import posemb
 from posemb import cli, kernels
+from tolerances import assert_close
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf_configs"
 CONFIGS = sorted(DATA.glob("*.json"))
@@ -112,6 +113,77 @@ def test_kernels_rotate(shape, kv, table, dtype, inplace, backend):
         return kernels.rotate(q, k, cos, sin, backend=backend, inplace=inplace)
 
     _only_refusals(call)
+
+
+# --- a stateful module: dtypes, devices, attributes and tracing between calls (issue 30) --------
+
+_POS_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+_MAX = {torch.uint8: 255, torch.int8: 127, torch.int16: 32767}
+_SCALINGS = [
+    None,
+    posemb.scaling.Linear(2.0),
+    posemb.scaling.DynamicNTK(2.0, 64),
+    posemb.scaling.Yarn(4.0, 64),
+    "yarn",
+]
+_STEP = st.one_of(
+    st.tuples(
+        st.just("call"),
+        st.sampled_from(_POS_DTYPES),
+        st.sampled_from(["cpu", "cpu", "meta"]),
+        st.integers(0, 40000),
+        st.booleans(),
+    ),
+    st.tuples(st.just("base"), st.sampled_from([10000.0, 500000.0, -1.0, 1.0])),
+    st.tuples(st.just("rotary_dim"), st.sampled_from([4, 8, 16, 7, 32])),
+    st.tuples(st.just("scaling"), st.sampled_from(_SCALINGS)),
+    st.tuples(st.just("trace"), st.sampled_from(["fake", "vmap"])),
+)
+
+
+def _fresh_rotation(rope, q, pos):
+    """What a module built now with ``rope``'s settings gives, on the reference backend."""
+    fresh = posemb.RotaryEmbedding(
+        16, base=rope.base, rotary_dim=rope.rotary_dim, scaling=rope.scaling, backend="reference"
+    )
+    return fresh(q, q, None if pos is None else pos.to(torch.int64))[0]
+
+
+@settings(max_examples=60)
+@given(steps=st.lists(_STEP, min_size=1, max_size=8), backend=st.sampled_from(["auto", "cpu"]))
+def test_a_module_changed_and_traced_between_calls_answers_as_a_fresh_one(steps, backend):
+    # Stale tables after base or rotary_dim changed, uint8 positions read as masks and fake
+    # tensors cached by a traced call: every later eager call must equal a fresh module's.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rope = posemb.RotaryEmbedding(16, backend=backend)
+    q = torch.randn(1, 2, 4, 16)
+    for step in steps:
+        kind = step[0]
+        if kind == "call":
+            _, dtype, device, offset, explicit = step
+            top = _MAX.get(dtype, 1 << 20)
+            start = offset % (top - 3)
+            pos = torch.tensor([start, start + 1, start + 1, start + 3], dtype=dtype)
+            pos = pos.to(device) if explicit else None
+            if explicit and device == "meta":
+                with pytest.raises(posemb.InputError, match="meta device"):
+                    rope(q, q, pos)
+                continue
+            assert_close(rope(q, q, pos)[0], _fresh_rotation(rope, q, pos), torch.float32)
+        elif kind == "trace":
+            if step[1] == "fake":
+                with FakeTensorMode() as mode:
+                    rope(mode.from_tensor(q), mode.from_tensor(q))
+            else:
+                torch.func.vmap(lambda x: rope(x, x)[0])(q[None].expand(2, -1, -1, -1, -1))
+        else:
+            before = getattr(rope, kind)
+            try:
+                setattr(rope, kind, step[1])
+            except posemb.InputError:
+                assert getattr(rope, kind) == before  # a refused value changes nothing
+    assert_close(rope(q, q)[0], _fresh_rotation(rope, q, None), torch.float32)
 
 
 @given(
