@@ -167,7 +167,7 @@ _META_Q = torch.zeros(1, 1, 2, 8, device="meta")
             lambda: posemb.RotaryEmbedding(8, scaling=posemb.scaling.DynamicNTK(1e17, 4))(
                 torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8)
             ),
-            "must be finite and >= 1: choose a smaller factor",
+            "must be finite and about 1 or more: choose a smaller factor",
         ),
         (
             lambda: posemb.AlibiBias(2)(torch.zeros(2, 4, dtype=int), torch.zeros(3, 4, dtype=int)),

@@ -251,12 +251,13 @@ class DynamicNTK(RopeScaling):
         length = self._length(seq_len)
         s, orig = float(self.factor), self.original_max_position_embeddings
         ratio = s * length / orig - (s - 1)  # transformers' form, for its exact rounding
-        if not (math.isfinite(ratio) and ratio >= 1.0):
-            # Mathematically >= 1; a factor near float64's range overflows, or cancels to 0.
+        if not (math.isfinite(ratio) and ratio > 0.5):
+            # Mathematically >= 1 (rounding may leave it a hair below, as in transformers); a
+            # factor near float64's range overflows, or cancels to 0.
             raise InputError(
                 f"DynamicNTK(factor={s:g}) at length {length} (L = {orig}) gives a base ratio "
-                f"of {ratio:g} in float64, where it must be finite and >= 1: choose a smaller "
-                f"factor"
+                f"of {ratio:g} in float64, where it must be finite and about 1 or more: choose "
+                f"a smaller factor"
             )
         new_base = _ntk_base(base, ratio, rotary_dim)
         return _default_inv_freq(rotary_dim, new_base, dtype=F64), 1.0
