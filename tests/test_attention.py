@@ -405,3 +405,29 @@ def test_attention_probs_gives_zeros_for_a_hidden_row_and_keeps_nan():
     assert (p[0, 0, 1] == 0).all() and torch.allclose(p[0, 0, [0, 2]].sum(-1), torch.ones(2))
     q[0, 0, 2, 0] = float("nan")  # a NaN is a bug upstream: it must still show
     assert torch.isnan(posemb.attention_probs(q, k, bias=bias)[0, 0, 2]).all()
+
+
+def test_a_hidden_row_leaves_the_gradients_finite():
+    # The zero row was a NaN softmax underneath: backward carried NaN into all of k.grad, even
+    # from a loss on the healthy row only (SDPA's gradients are finite).
+    q = torch.randn(1, 1, 2, 4, requires_grad=True)
+    k = torch.randn(1, 1, 3, 4, requires_grad=True)
+    bias = torch.zeros(1, 1, 2, 3)
+    bias[..., 0, :] = float("-inf")
+    posemb.attention_probs(q, k, bias=bias)[:, :, 1].sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+    assert (q.grad[0, 0, 0] == 0).all()
+
+
+def test_explicit_positions_near_int64_are_refused_not_masked_wrong():
+    # The causal mask subtracts positions: q at 2^62 and keys near -2^62 gave an all-zero output.
+    attn = posemb.PositionalAttention("nope", num_heads=1, head_dim=4, causal=True)
+    q, k = torch.randn(1, 1, 1, 4), torch.randn(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="positions must lie within"):
+        attn(
+            q,
+            k,
+            k,
+            positions=torch.tensor([1 << 62]),
+            k_positions=torch.tensor([-(1 << 62) - 1, -(1 << 62) - 2]),
+        )

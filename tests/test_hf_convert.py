@@ -317,3 +317,32 @@ def test_sharded_conversion_refuses_bad_indexes_and_outputs(sharded, tmp_path, c
     assert "did not write" in cli_error(["convert", str(folder), str(taken), *base], capsys)
     assert [p.name for p in taken.iterdir()] == ["notes.txt"]
     assert not any((tmp_path / n).exists() for n in ("o1", "o2", "o3"))
+
+
+def test_sharded_conversion_checks_everything_before_the_first_shard(sharded, tmp_path, capsys):
+    # A rotary_dim wider than the heads was refused after shard 1 was written; an index naming a
+    # tensor its shard lacks was converted and copied without a word; a shard converted onto
+    # another shard of its checkpoint replaced it.
+    folder, wmap, _ = sharded
+    base = ["--num-heads", "4", "--num-kv-heads", "2", "--to", "half"]
+    for rotary in ("64", "3"):
+        out = tmp_path / f"r{rotary}"
+        err = cli_error(["convert", str(folder), str(out), *base, "--rotary-dim", rotary], capsys)
+        assert "rotary_dim must be" in err and not out.exists()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for p in folder.iterdir():
+        (broken / p.name).write_bytes(p.read_bytes())
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.ghost.weight"] = sorted(set(wmap.values()))[0]
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = cli_error(["convert", str(broken), str(tmp_path / "o"), *base], capsys)
+    assert "does not hold it" in err and not (tmp_path / "o").exists()
+    one, two = sorted(set(wmap.values()))[:2]
+    before = (folder / two).read_bytes()
+    err = cli_error(["convert", str(folder / one), str(folder / two), *base, "--force"], capsys)
+    assert "is a file of the checkpoint" in err and (folder / two).read_bytes() == before
+    lone = tmp_path / "embeddings.safetensors"
+    save_file({"embed_tokens.weight": torch.zeros(4, 4)}, str(lone))
+    err = cli_error(["convert", str(lone), str(tmp_path / "e.safetensors"), *base], capsys)
+    assert "one shard of a checkpoint converts with its index beside it" in err

@@ -465,3 +465,35 @@ def test_tables_that_require_grad_get_their_gradient_on_every_backend(backend, c
     q = torch.randn(1, 1, 5, 8)
     with pytest.raises(ValueError, match="a cos/sin table requires grad"):
         kernels.rotate(q, q.clone(), cos, sin, backend=backend, inplace=True)
+
+
+@pytest.mark.parametrize("backend", ["reference", *FUSED])
+def test_rotating_one_tensor_in_place_checks_it_alone(backend):
+    # rotate() passes an empty k; the check skipped q then (the reference accepted rows that
+    # overlap by half; the CPU op raised a RuntimeError from C++).
+    rope = posemb.RotaryEmbedding(8, backend=backend)
+    for x in (
+        torch.randn(64).as_strided((1, 1, 3, 8), (64, 64, 4, 1)),
+        torch.randn(1, 1, 3, 8).expand(1, 2, 3, 8),
+    ):
+        with pytest.raises(ValueError, match="inplace=True writes q"):
+            rope.rotate(x, inplace=True)
+
+
+def test_in_place_under_compile_turns_a_shared_head_once():
+    # The check has no storage to read while tracing; the fused in-place op turned head 0 of
+    # rope(x, x[:, :1], inplace=True) twice under torch.compile (error 3.0).
+    rope = posemb.RotaryEmbedding(8)
+    x = torch.randn(1, 3, 4, 8)
+    want = posemb.RotaryEmbedding(8, backend="reference")(x, x)[0]
+    with torch.no_grad():
+        torch.compile(lambda t: rope(t, t[:, :1], inplace=True), fullgraph=True)(x)
+    assert_close(x, want, torch.float32)
+
+
+def test_rotate_cached_positions_and_offsets_cannot_wrap_into_a_row():
+    cos, sin = posemb.RotaryEmbedding(8).cos_sin(torch.arange(8))
+    q = torch.randn(1, 1, 1, 8)
+    with pytest.raises(ValueError, match="positions must lie within"):
+        kernels.rotate_cached(q, q, cos, sin, positions=torch.tensor([-(1 << 63)]),
+                              offsets=torch.tensor([-(1 << 63) + 3]))  # fmt: skip

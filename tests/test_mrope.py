@@ -546,3 +546,11 @@ def test_module_positions_are_checked_against_q():
     out_q, _ = emb(q + 1, q)  # default positions 0..seq-1 on every axis
     assert torch.equal(out_q[:, :, 0], torch.ones(2, 1, 16))
     assert "interleaved=False" in repr(emb) and emb.describe().startswith("pairs 0-1 temporal")
+
+
+def test_mrope_scaling_is_checked_and_none_is_the_default():
+    m = posemb.MRotaryEmbedding(16, mrope_section=[2, 3, 3])
+    m.scaling = None  # raised AttributeError at the next call
+    assert m.scaling == posemb.scaling.Default()
+    with pytest.raises(ValueError, match="scaling must be a posemb"):
+        m.scaling = "yarn"

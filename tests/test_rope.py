@@ -1,3 +1,6 @@
+import copy
+import pickle
+
 import pytest
 import torch
 from hypothesis import given
@@ -529,3 +532,46 @@ def test_vmap_and_jacrev_run_over_a_fused_module(backend):
         torch.func.vmap(lambda p: dynamic(q[0], q[0], p)[0])(pos)
     got = torch.func.vmap(lambda x: dynamic(x, x, pos[0])[0])(q)[1]
     assert_close(got, dynamic(q[1], q[1], pos[0])[0], torch.float32)
+
+
+def test_a_module_pickled_before_the_checked_properties_still_loads():
+    # Old pickles hold base, rotary_dim and scaling under their plain names, which the
+    # properties hid: r.base and forward raised AttributeError after torch.load.
+    rope = posemb.RotaryEmbedding(8, base=500000.0)
+    q = torch.randn(1, 1, 3, 8)
+    rope(q, q)
+    for name in ("base", "rotary_dim", "scaling"):
+        rope.__dict__[name] = rope.__dict__.pop("_" + name)
+    loaded = pickle.loads(pickle.dumps(rope))
+    assert (loaded.base, loaded.rotary_dim) == (500000.0, 8)
+    assert torch.equal(loaded(q, q)[0], posemb.RotaryEmbedding(8, base=500000.0)(q, q)[0])
+    fresh = posemb.RotaryEmbedding(8)
+    fresh(q, q)
+    assert not copy.deepcopy(fresh)._tables and fresh._tables  # a cache is not carried
+
+
+def test_tables_formed_under_inference_mode_serve_training_later():
+    rope = posemb.RotaryEmbedding(8)
+    q = torch.randn(1, 1, 3, 8)
+    with torch.inference_mode():
+        rope(q, q)  # was kept as an inference tensor: "cannot be saved for backward" below
+    x = q.clone().requires_grad_()
+    rope(x, x)[0].sum().backward()
+    assert x.grad is not None
+
+
+def test_forward_mode_ad_keeps_the_tangent_on_a_fused_module():
+    from torch.autograd import forward_ad
+
+    q, t = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    with forward_ad.dual_level():
+        out, _ = posemb.RotaryEmbedding(8)(forward_ad.make_dual(q, t), q)
+        tangent = forward_ad.unpack_dual(out).tangent  # was None on auto/cpu, silently
+    assert tangent is not None
+    assert_close(tangent, posemb.RotaryEmbedding(8, backend="reference")(t, t)[0], torch.float32)
+
+
+def test_uint64_positions_beyond_int64_are_refused_not_wrapped():
+    q = torch.randn(1, 1, 1, 8)
+    with pytest.raises(ValueError, match="uint64 values of 2"):
+        posemb.RotaryEmbedding(8)(q, q, torch.tensor([2**64 - 1], dtype=torch.uint64))

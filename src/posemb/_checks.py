@@ -102,7 +102,7 @@ def heads_tensor(name: str, x: object, head_dim: int) -> torch.Tensor:
 
 def not_meta(name: str, x: torch.Tensor) -> None:
     """Refuse a tensor on the meta device: it has a shape but no values to rotate."""
-    if x.device.type == "meta":
+    if x.is_meta:
         raise InputError(f"{name} is on the meta device, which holds no values; {_META}")
 
 
@@ -140,7 +140,7 @@ def positions(
         )
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise InputError(f"{name} must have an integer dtype, got {t.dtype}")
-    if t.device.type == "meta":
+    if t.is_meta:
         raise InputError(f"{name} are on the meta device, which holds no values; {_META}")
     if max_dim is not None and not 1 <= t.dim() <= max_dim:
         shapes = "(seq,)" if max_dim == 1 else "(seq,) or (batch, seq)"
@@ -148,7 +148,12 @@ def positions(
     if t.dtype not in (torch.int32, torch.int64):
         # Indexing with uint8 is a boolean mask, and with int8 or int16 an IndexError: a
         # position is an index, so it is widened once, here, for every entry point.
-        t = t.to(torch.int64)
+        wide = t.to(torch.int64)
+        if t.dtype == torch.uint64 and t.numel() and not tracing() and bool((wide < 0).any()):
+            raise InputError(
+                f"{name} must lie within -2^53 .. 2^53, got uint64 values of 2^63 or more"
+            )
+        t = wide
     return t
 
 

@@ -84,8 +84,10 @@ def attention_probs(
         logits = logits.masked_fill(j > i, float("-inf"))
     # One rule for a query that sees nothing, here and in PositionalAttention (issue 30,
     # item 9): zero weights, as SDPA gives; a NaN logit still gives NaN.
+    # The row's logits are set to 0 first: a softmax of all -inf is NaN, and its gradient would
+    # reach every key through the matmul even where the row is zeroed after it.
     blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
-    return torch.softmax(logits, dim=-1).masked_fill(blind, 0.0)
+    return torch.softmax(logits.masked_fill(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
 
 
 def dot_product_attention(
@@ -366,6 +368,9 @@ class PositionalAttention(nn.Module):
         qp = _checks.positions_for(
             "positions", positions, batch=b, length=q_len, device=q.device, start=k_len - q_len
         )
+        if not default_positions:  # the causal mask subtracts them: keep clear of int64's ends
+            _checks.within_limit("positions", qp)
+            _checks.within_limit("k_positions", kp)
         enc = self.encoding
         if isinstance(enc, XPos):
             q, k = enc(q, k, qp, k_positions=kp)

@@ -657,6 +657,20 @@ class MRotaryEmbedding(nn.Module):
             # Load (or build) the CPU kernel now, not inside a forward torch.compile may trace.
             kernels.cpu.load()
 
+    @property
+    def scaling(self) -> _scaling.RopeScaling:
+        """The context-extension schedule; None sets the default; checked when set."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, value: _scaling.RopeScaling | None) -> None:
+        self._scaling = _scaling.check(value)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        if "scaling" in state:  # pickled before scaling became a property
+            state["_scaling"] = state.pop("scaling")
+        super().__setstate__(state)
+
     def describe(self) -> str:
         """The pair -> axis assignment as text (:func:`describe_mrope_axes`)."""
         return describe_mrope_axes(self.mrope_section, self.interleaved)

@@ -157,6 +157,21 @@ class RotaryEmbedding(nn.Module):
         self.table_builds = 0
         """How many float64 tables this module has formed (tests count them)."""
 
+    def __getstate__(self) -> dict[str, object]:
+        # The tables are a cache (up to 64 MiB each): a pickle or deep copy forms its own.
+        state = super().__getstate__()
+        state["_tables"] = collections.OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # A module pickled before base, rotary_dim and scaling became properties keeps them
+        # under their plain names, which the properties now hide; its table keys are stale.
+        for name in ("base", "rotary_dim", "scaling"):
+            if name in state:
+                state["_" + name] = state.pop(name)
+        state["_tables"] = collections.OrderedDict()
+        super().__setstate__(state)
+
     # What the tables depend on is checked when it is set, and is in every table's key: a
     # module whose base, rotary_dim or scaling is changed after a call never serves the old
     # tables (it rotated at the old base, or by a table of the wrong width).
@@ -213,7 +228,8 @@ class RotaryEmbedding(nn.Module):
                     f"fixed, or loop"
                 )
             # The length a length-dependent scaling sees is max position + 1 over the whole
-            # call, as in transformers; computed per call, never stored on the module.
+            # call, as transformers measures it; computed per call and never stored, where
+            # transformers keeps the longest seen (docs/hf.md says where that differs).
             seq_len = int(pos.max()) + 1
         return self._cos_sin(pos, dtype, device, seq_len)
 
@@ -247,8 +263,12 @@ class RotaryEmbedding(nn.Module):
         if hit is None or hit.shape[1] < rows:
             # Doubling: a decode loop that grows one token at a time builds log(n) tables.
             size = max(rows, min(2 * hit.shape[1] if hit is not None else 0, CACHE_ROWS))
-            cos, sin = self._cos_sin(torch.arange(size, device=device), dtype, device, seq_len)
-            hit = torch.stack((cos, sin))
+            # Never an inference tensor: a table made under inference_mode and kept would
+            # break every later call that trains ("cannot be saved for backward").
+            with torch.inference_mode(False):
+                pos = torch.arange(size, device=device)
+                cos, sin = self._cos_sin(pos, dtype, device, seq_len)
+                hit = torch.stack((cos, sin))
             self.table_builds += 1
             self._tables[key] = hit
             if len(self._tables) > _TABLES_MAX:

@@ -607,8 +607,9 @@ def cached_compute(
     key = (scaling, rotary_dim, float(base), dev, scaling.length_key(seq_len))
     hit = _COMPUTED.get(key)
     if hit is None:
-        inv, factor = scaling.compute(rotary_dim, base, seq_len)
-        hit = (inv.to(dev), float(factor))
+        with torch.inference_mode(False):  # kept for every later call, training ones too
+            inv, factor = scaling.compute(rotary_dim, base, seq_len)
+            hit = (inv.to(dev), float(factor))
         _COMPUTED[key] = hit
         if len(_COMPUTED) > _COMPUTED_MAX:
             _COMPUTED.popitem(last=False)

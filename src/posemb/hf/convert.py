@@ -59,6 +59,7 @@ def check_qk_rows(
     k_pattern: str = K_PATTERN,
     *,
     both: bool = True,
+    rotary_dim: int | None = None,
 ) -> list[str]:
     """Check that the q/k tensors of a checkpoint can be permuted with these head counts.
 
@@ -68,6 +69,7 @@ def check_qk_rows(
         q_pattern: a regular expression (``re.search``) naming the q tensors.
         k_pattern: the same, for the k tensors.
         both: require q and k tensors among ``rows`` (False for one shard of many).
+        rotary_dim: rotated channels per head (even, at most the head dim); default all.
 
     Returns:
         The names of the q and k tensors, in ``rows``' order.
@@ -95,8 +97,9 @@ def check_qk_rows(
         names.append(name)
     if both and not names:
         raise InputError(
-            f"no q/k projection tensors found (patterns {q_pattern!r} and {k_pattern!r}); fused "
-            f"qkv weights are not supported, pass --q-pattern/--k-pattern for other names"
+            f"no q/k projection tensors found (patterns {q_pattern!r} and {k_pattern!r}); pass "
+            f"--q-pattern/--k-pattern for other names (fused qkv weights are not supported; one "
+            f"shard of a checkpoint converts with its index beside it)"
         )
     if both and not (dims["q"] and dims["k"]):
         missing = "k" if not dims["k"] else "q"
@@ -116,6 +119,13 @@ def check_qk_rows(
             f"q and k head dims disagree: {an!r} has heads {a} wide and {bn!r} heads {b} wide "
             f"with {heads} query and {kv} key heads; RoPE rotates heads of one width{hint}"
         )
+    if rotary_dim is not None:
+        _checks.even_int("rotary_dim", rotary_dim)
+        for width, name in widths.items():
+            if rotary_dim > width:
+                raise InputError(
+                    f"rotary_dim must be at most the head dim {width} of {name!r}, got {rotary_dim}"
+                )
     return names
 
 
@@ -151,7 +161,9 @@ def convert_qk_layout(
     heads, kv = _head_counts(num_heads, num_kv_heads)
     q_re, _ = _patterns(q_pattern, k_pattern)
     rows = {name: int(t.shape[0]) if t.dim() else 1 for name, t in tensors.items()}
-    names = check_qk_rows(rows, num_heads, num_kv_heads, q_pattern, k_pattern, both=both)
+    names = check_qk_rows(
+        rows, num_heads, num_kv_heads, q_pattern, k_pattern, both=both, rotary_dim=rotary_dim
+    )
     out = dict(tensors)
     for name in names:
         count = heads if q_re.search(name) else kv
@@ -231,9 +243,18 @@ def _index_of(src: pathlib.Path) -> pathlib.Path | None:
 
 
 def _checkpoint_rows(index: pathlib.Path, wmap: Mapping[str, str]) -> dict[str, int]:
+    """Every tensor's rows over a sharded checkpoint, from the headers; refuses an index that
+    names a tensor its shard does not hold (a checkpoint that would not load)."""
     rows: dict[str, int] = {}
     for shard in sorted(set(wmap.values())):
-        rows |= _header_rows(index.parent / shard)
+        held = _header_rows(index.parent / shard)
+        missing = [n for n, f in wmap.items() if f == shard and n not in held]
+        if missing:
+            raise InputError(
+                f"index {str(index)!r} places {missing[0]!r} in {shard!r}, which does not hold "
+                f"it ({len(missing)} such tensor(s)); the checkpoint is incomplete"
+            )
+        rows |= held
     return rows
 
 
@@ -284,10 +305,18 @@ def convert_checkpoint(
     _check_counts(num_heads, num_kv_heads)
     index = _index_of(src_p)
     if index is not None:
-        whole = _checkpoint_rows(index, read_index(index))
-        check_qk_rows(whole, num_heads, num_kv_heads, q_pattern, k_pattern)
+        wmap = read_index(index)
+        ours = {(index.parent / f).resolve() for f in wmap.values()} | {index.resolve()}
+        if dst_p.resolve() in ours:
+            raise InputError(
+                f"output {str(dst_p)!r} is a file of the checkpoint {str(src_p)!r} belongs to; "
+                f"posemb never overwrites its input"
+            )
+        whole = _checkpoint_rows(index, wmap)
+        check_qk_rows(whole, num_heads, num_kv_heads, q_pattern, k_pattern, rotary_dim=rotary_dim)
     else:
-        check_qk_rows(_header_rows(src_p), num_heads, num_kv_heads, q_pattern, k_pattern)
+        rows = _header_rows(src_p)
+        check_qk_rows(rows, num_heads, num_kv_heads, q_pattern, k_pattern, rotary_dim=rotary_dim)
     tensors, metadata = _read_file(src_p)
     out, converted = convert_qk_layout(
         tensors, to, num_heads, num_kv_heads, rotary_dim, q_pattern, k_pattern, both=False
@@ -368,7 +397,8 @@ def convert_sharded(
     folder = OwnedFolder.claim(
         out_p, COMMAND, what="output", force=overwrite, writes=files.__contains__
     )
-    check_qk_rows(_checkpoint_rows(index, wmap), num_heads, num_kv_heads, q_pattern, k_pattern)
+    rows = _checkpoint_rows(index, wmap)
+    check_qk_rows(rows, num_heads, num_kv_heads, q_pattern, k_pattern, rotary_dim=rotary_dim)
     _, save_file = _safetensors()
     done: dict[str, list[str]] = {}
     with folder.running():

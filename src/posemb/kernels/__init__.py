@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from .. import _checks, _extras, _renamed
 from .._errors import BackendUnavailable, InputError
@@ -179,7 +180,12 @@ def _plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # noqa: SIM110 (a loop, not any() of a generator: every decode step)
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def _refuse_inplace_grad(inplace: bool, q: torch.Tensor, k: torch.Tensor, *tables: object) -> None:
@@ -197,8 +203,10 @@ def _refuse_inplace_grad(inplace: bool, q: torch.Tensor, k: torch.Tensor, *table
 def _pick_backend(backend: str, q: torch.Tensor, *tables: torch.Tensor | None) -> str:
     """:func:`resolve_backend`, but the reference where a fused op cannot give the answer:
 
-    - under a ``torch.func`` transform (vmap, grad, jacrev, jvp): the ops have no batching
-      rule and their autograd is not a functorch one; the reference is plain torch;
+    - under a ``torch.func`` transform (vmap, grad, jacrev, jvp) or forward-mode AD
+      (``torch.autograd.forward_ad.dual_level``): the ops have no batching rule, their
+      autograd is not a functorch one and they have no forward derivative (the tangent was
+      dropped); the reference is plain torch;
     - where a table needs a gradient: the fused ops differentiate with respect to q and k
       only (the tables are constants of a model), and a learned or scaled table must still
       get its gradient (issue 30, item 6).
@@ -208,6 +216,8 @@ def _pick_backend(backend: str, q: torch.Tensor, *tables: torch.Tensor | None) -
         return which
     if torch._C._functorch.maybe_current_level() is not None:
         return "reference"
+    if _forward_ad._current_level >= 0:
+        return "reference"  # a dual q or k: the fused ops have no forward-mode derivative
     if _needs_grad(*tables):
         _log_once(
             f"table-grad-{which}",
@@ -272,6 +282,25 @@ def _cpu_pair(
     return q_out, k_out
 
 
+def _traced_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None,
+    k_sin: torch.Tensor | None,
+    lay: Layout,
+    which: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place while torch traces: the overlap check has no storage to read there, so the
+    rotation is formed out of place and written back, which rotates every element once even
+    when q and k share some (a fused in-place op turned a shared head twice under compile)."""
+    q_out, k_out = rotate(
+        q, k, cos, sin, k_cos=k_cos, k_sin=k_sin, layout=lay, backend=which, inplace=False
+    )
+    return q.copy_(q_out), k.copy_(k_out)
+
+
 def rotate(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -311,6 +340,8 @@ def rotate(
     lay = as_layout(layout)
     which = _pick_backend(backend, q, cos, sin, k_cos, k_sin)
     _refuse_inplace_grad(inplace, q, k, cos, sin, k_cos, k_sin)
+    if inplace and _checks.tracing():
+        return _traced_inplace(q, k, cos, sin, k_cos, k_sin, lay, which)
     if which == "reference":
         return _reference_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
     if which == "cpu":
@@ -391,6 +422,9 @@ def _cache_rows(
             off = _checks.positions(offsets, max_dim=1, name="offsets").to(dev)
             if off.shape[0] != batch:
                 raise InputError(f"offsets must have shape ({batch},), got {tuple(off.shape)}")
+    for name, t in (("positions", pos), ("offsets", off)):
+        if t is not None:  # a position plus an offset near 2^63 wrapped into a valid row
+            _checks.within_limit(name, t)
     rows = reference.table_rows(batch, seq_len, pos, off, cu, device=dev)
     _checks.within_table(
         rows,
@@ -442,6 +476,12 @@ def rotate_cached(
     lay = as_layout(layout)
     which = _pick_backend(backend, q, cos, sin)
     _refuse_inplace_grad(inplace, q, k, cos, sin)
+    if inplace and _checks.tracing():
+        q_out, k_out = rotate_cached(
+            q, k, cos, sin, positions=positions, offsets=offsets, cu_seqlens=cu_seqlens,
+            layout=lay, backend=which,
+        )  # fmt: skip
+        return q.copy_(q_out), k.copy_(k_out)  # as in rotate: every element turned once
     if which == "triton":
         from . import triton as _tr  # noqa: F401  (registers the Triton ops)
 

@@ -61,8 +61,10 @@ def _dims(t: torch.Tensor) -> Dims:
 
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Whether two rows of a non-empty ``t`` share memory (an expanded view)."""
+    if t.is_contiguous():
+        return False
     width = t.shape[-1]
-    if t.is_contiguous() or _stacks_apart(_dims(t), width):
+    if _stacks_apart(_dims(t), width):
         return False
     if torch._debug_has_internal_overlap(t) == 1:
         return True
@@ -111,15 +113,18 @@ def written_apart(q: torch.Tensor, k: torch.Tensor) -> None:
     Raises:
         ValueError: an expanded or self-overlapping q or k, or a q and k that share elements.
     """
-    if _checks.tracing() or not q.numel() or not k.numel():
+    if _checks.tracing():
         return
     for name, t in (("q", q), ("k", k)):
-        if overlaps_itself(t):
+        # Each alone, even beside an empty other (RotaryEmbedding.rotate passes k = x[:, :0]).
+        if t.numel() and overlaps_itself(t):
             raise InputError(
                 f"inplace=True writes {name}, but {name} has elements that share memory (an "
                 f"expanded or overlapping view, strides {t.stride()}); pass "
                 f"{name}.contiguous() or inplace=False"
             )
+    if not q.numel() or not k.numel():
+        return
     sq, sk = q.untyped_storage(), k.untyped_storage()
     q0, k0 = sq.data_ptr(), sk.data_ptr()
     if q0 != k0 and (q0 + sq.nbytes() <= k0 or k0 + sk.nbytes() <= q0):
