@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from posemb import hf
+from posemb.hf.fused import is_fused
 from test_hf_patch_models import CASES, _tiny
 
 transformers = pytest.importorskip("transformers")
@@ -56,12 +57,12 @@ def _logits_and_grads(model, ids):
 
 
 def _attention_layers(model) -> int:
-    return sum(1 for m in model.modules() if getattr(m, "_posemb_fused", False))
+    return sum(1 for m in model.modules() if is_fused(m))
 
 
 def _rotating_layers(model) -> int:
     """Fused attention layers that rotate (Llama 4's NoPE layers do not)."""
-    fused = [m for m in model.modules() if getattr(m, "_posemb_fused", False)]
+    fused = [m for m in model.modules() if is_fused(m)]
     return sum(1 for m in fused if getattr(m, "use_rope", True))
 
 

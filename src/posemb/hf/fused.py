@@ -307,21 +307,64 @@ def _form_of(modeling: str, name: str, head_dim: int, rotary: int) -> _Form:
     )
 
 
+class FusedForward:
+    """The ``forward`` of one attention module rebound to posemb's rotation.
+
+    Called as ``module.forward(...)``: its class's ``forward`` with posemb's rotation in place of
+    the family's. It survives ``torch.save`` / pickling: it pickles as the module and the forms
+    it fuses, and is rebuilt from the module's class on load, so a saved fused model loads
+    fused (a plain bound method pickled as the class's eager ``forward``).
+    """
+
+    def __init__(self, module: nn.Module, forms: tuple[_Form, ...]) -> None:
+        self._module = module
+        self._forms = forms
+        cls = type(module)
+        original = cls.forward
+        assert isinstance(original, types.FunctionType)  # patch_fused checked it
+        fn = _rebuilt(original, _shadow(cls.__module__, forms))
+        self._bound = types.MethodType(fn, module)
+        self.__wrapped__ = cls.forward  # what inspect.signature reads
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._bound(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_fused_again, (self._module, tuple(FORMS.index(f) for f in self._forms)))
+
+
+def _fused_again(module: nn.Module, forms: tuple[int, ...]) -> FusedForward:
+    """Unpickling: the same forms, rebuilt against the module's class of this process."""
+    return FusedForward(module, tuple(FORMS[i] for i in forms))
+
+
+def is_fused(module: nn.Module) -> bool:
+    """Whether :func:`patch_fused` rebound this module's ``forward`` (and it still is)."""
+    return isinstance(module.__dict__.get("forward"), FusedForward)
+
+
 def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
-    """Rebind each attention module of ``model`` that calls ``apply_rotary_pos_emb`` to posemb's
-    fused rotation; the dotted names of the modules patched. Raises ``ValueError`` naming the
-    family when its rotation is not one posemb expresses, or when no attention calls it."""
-    plan, forms = [], {}
-    for name, module in model.named_modules():
+    """Rebind each attention module of ``model``'s text model that calls
+    ``apply_rotary_pos_emb`` to posemb's fused rotation (:class:`FusedForward`); the dotted
+    names of the modules patched (none where every one already is). Raises ``ValueError``
+    naming the family when its rotation is not one posemb expresses, or when no attention
+    calls it."""
+    from .targets import text_modules
+
+    plan, forms, already = [], {}, 0
+    for name, module in text_modules(model):
         forward = getattr(type(module), "forward", None)
-        if not isinstance(forward, types.FunctionType) or getattr(module, _MARK, False):
+        if not isinstance(forward, types.FunctionType):
+            continue
+        if is_fused(module):
+            already += 1
             continue
         modeling = type(module).__module__
         called = _innermost(forward).__code__.co_names
         rotations = [n for n in called if n.startswith("apply_rotary")]
         fusable = [n for n in rotations if n in NAMES and hasattr(sys.modules.get(modeling), n)]
-        if not fusable and (not rotations or "Vision" in type(module).__name__):
-            continue  # vision towers' patch RoPE is left alone, as patch_rotary leaves it
+        if not rotations:
+            continue  # vision towers are not among the text model's modules (targets.py)
         if len(fusable) < len(rotations):  # one would stay eager while claiming to be fused
             eager = sorted(set(rotations) - set(fusable))
             raise InputError(
@@ -332,16 +375,16 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
             if (modeling, rotation) not in forms:
                 forms[(modeling, rotation)] = _form_of(modeling, rotation, head_dim, rotary_dim)
         chosen = tuple(forms[(modeling, r)] for r in sorted(fusable))
-        plan.append((name, module, _rebuilt(forward, _shadow(modeling, chosen))))
-    if not plan:
+        plan.append((name, module, chosen))
+    if not plan and not already:
         raise InputError(
             f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
             f"({', '.join(NAMES)})"
         )
     # Only now, with every module checked, is anything changed.
-    for _, module, rebuilt in plan:
-        module.forward = types.MethodType(rebuilt, module)
-        setattr(module, _MARK, True)
+    for _, module, chosen in plan:
+        module.forward = FusedForward(module, chosen)
+        module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
     return [name for name, _, _ in plan]
 
 
@@ -350,18 +393,20 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     back; the dotted names of the modules restored."""
     restored = []
     for name, module in model.named_modules():
-        if getattr(module, _MARK, False):
+        module.__dict__.pop(_MARK, None)
+        if is_fused(module):
             del module.forward
-            delattr(module, _MARK)
             restored.append(name)
     return restored
 
 
 __all__ = [
     "FORMS",
+    "FusedForward",
     "fused_complex_rotation",
     "fused_deinterleaving_rotation",
     "fused_rotation",
+    "is_fused",
     "patch_fused",
     "unpatch_fused",
 ]

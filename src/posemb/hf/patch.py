@@ -138,12 +138,15 @@ def _module(spec: RopeSpec) -> RotaryEmbedding:
 
 
 def patch_rotary(model: nn.Module, fused: bool = False) -> list[str]:
-    """Replace every text ``transformers`` rotary-embedding module in ``model`` with posemb's.
+    """Replace every ``transformers`` rotary-embedding module of ``model``'s text model with
+    posemb's.
 
     This is the supported swap: the model's attention receives the same tables, computed by
-    posemb from the model's config. Vision towers' patch RoPE modules (class names containing
-    ``Vision``) are left alone: they take no positions from the config (see
-    :mod:`posemb.mrope` for posemb's version of their tables).
+    posemb from the model's config. Which modules are the text model's is decided by the config
+    each holds (:mod:`posemb.hf.targets`): a vision tower's modules (Pixtral's in Mistral 3,
+    Qwen2-VL's) hold their vision config and are left alone, rotary and attention alike (see
+    :mod:`posemb.mrope` for posemb's version of their tables). A second call changes nothing
+    already patched, and ``fused=True`` on a patched model fuses its attention.
 
     With ``fused=True`` each attention module of this model (not of other models of the
     family) also rotates q and k through posemb's registered op instead of the eager
@@ -158,29 +161,37 @@ def patch_rotary(model: nn.Module, fused: bool = False) -> list[str]:
         The dotted names of the replaced modules (and, with ``fused``, of the attention
         modules rebound).
     """
-    found = []
-    for name, module in list(model.named_modules()):
-        cls = type(module).__name__
-        if (
-            not name
-            or not cls.endswith("RotaryEmbedding")
-            or "Vision" in cls
-            or isinstance(module, HFRotaryEmbedding)
-        ):
+    from . import targets
+
+    found, present = [], 0
+    for name, module in list(targets.text_modules(model)):
+        if isinstance(module, HFRotaryEmbedding):
+            present += 1  # patched before: a second patch leaves it (and adds fused=True)
             continue
-        config = getattr(module, "config", None) or getattr(model, "config", None)
+        # "Vision" in a class name is a second guard: a vision tower's rotary module whose
+        # config is not found would be read from the text config, which is not its own.
+        if not name or not targets.is_rotary(module) or "Vision" in type(module).__name__:
+            continue
+        config = getattr(module, "config", None) or targets.text_config(model)
         if config is None:
-            raise InputError(f"{name} ({cls}) has no config to read its RoPE from")
+            raise InputError(
+                f"{name} ({type(module).__name__}) has no config to read its RoPE from"
+            )
         found.append((name, module, HFRotaryEmbedding(config)))
-    if not found:
+    if not found and not present:
         raise InputError(
-            "no module whose class name ends in 'RotaryEmbedding' was found to replace"
+            "no transformers rotary-embedding module of the text model was found to replace"
         )
     rebound: list[str] = []
     if fused:
         from . import fused as _fused
 
-        spec = next(k.spec for k in found[0][2].model.kinds if k.spec is not None)
+        first = (
+            found[0][2]
+            if found
+            else next(m for _, m in targets.text_modules(model) if isinstance(m, HFRotaryEmbedding))
+        )
+        spec = next(k.spec for k in first.model.kinds if k.spec is not None)
         rebound = _fused.patch_fused(model, spec.head_dim, spec.rotary_dim)
     for name, module, new in found:
         parent_name, _, attr = name.rpartition(".")
