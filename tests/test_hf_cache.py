@@ -130,3 +130,40 @@ def test_caches_without_every_key_or_not_caches_are_refused():
         hf.rerotate_cache(model.config, object(), from_length=5, to_length=6)
     assert hf.rerotate_cache(model.config, cache, from_length=5, to_length=6) == 0  # no change
     assert hf.rerotate_cache(model.config, cache, from_length=5, to_length=40) == 1
+
+
+def _padded_decode(model, ids, mask, prefill, positions_given):
+    """Row 1 left-padded: decode with the cache re-rotated at each step (with or without the
+    rows' positions); the worst logit gap of row 1 from a fresh prefill, per step."""
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = transformers.DynamicCache(config=model.config)
+    gaps = []
+    with torch.no_grad():
+        model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill],
+              cache=cache, use_cache=True)  # fmt: skip
+        for t in range(prefill, ids.shape[1]):
+            fresh = model(ids[:, : t + 1], attention_mask=mask[:, : t + 1],
+                          position_ids=pos[:, : t + 1]).logits[:, -1]  # fmt: skip
+            # The schedule reads the batch's longest row: row 0, unpadded.
+            hf.rerotate_cache(model.config, cache, from_length=t, to_length=t + 1,
+                              positions=pos[:, :t] if positions_given else None)  # fmt: skip
+            step = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1],
+                         position_ids=pos[:, t : t + 1], cache=cache, use_cache=True)  # fmt: skip
+            gaps.append(float((step.logits[1, -1] - fresh[1]).abs().max()))
+    return gaps
+
+
+def test_a_left_padded_batch_rerotates_each_row_at_its_own_positions():
+    # The keys of a row left-padded by 3 sit at 0.. from slot 3: re-rotating them as slots
+    # 0.. left row 1 off by 2.3e-3 (worse than not re-rotating), row 0 exact.
+    model = _tiny("longrope", layers=1)
+    ids = IDS[:, : START + 8].clone()  # four steps before the switch, four after
+    mask = torch.ones_like(ids)
+    mask[1, :3], ids[1, :3] = 0, 0
+    wrong = _padded_decode(model, ids, mask, START, positions_given=False)
+    right = _padded_decode(model, ids, mask, START, positions_given=True)
+    assert max(right) < EXACT, right
+    assert max(wrong[4:]) > 10 * EXACT, wrong
+    with pytest.raises(ValueError, match="positions must have shape"):
+        hf.rerotate_cache(model.config, transformers.DynamicCache(config=model.config),
+                          from_length=4, to_length=5, positions=torch.arange(3))  # fmt: skip

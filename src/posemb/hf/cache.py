@@ -96,6 +96,7 @@ def rerotate_cache(
     from_length: int,
     to_length: int,
     approximate: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> int:
     """Re-rotate every key of a ``transformers`` cache from the RoPE schedule of a sequence of
     ``from_length`` tokens to that of ``to_length``, in place.
@@ -120,6 +121,12 @@ def rerotate_cache(
         from_length: tokens in the cache, the length its keys were rotated for.
         to_length: the length of the coming forward.
         approximate: re-rotate a cache whose later layers cannot come out exact.
+        positions: where the cached keys sit, ``(from_length,)`` or ``(batch, from_length)``;
+            default ``0 .. from_length - 1`` for every row. A **padded batch must pass its
+            rows' positions** (a row left-padded by 3 has its first key at 0 in slot 3): for
+            the position ids transformers forms from an attention mask, pass
+            ``(mask.long().cumsum(-1) - 1).clamp(min=0)``. Re-rotating a padded row as if it
+            were not padded is worse than not re-rotating it; the cache cannot tell.
 
     Returns:
         How many layers' keys were re-rotated.
@@ -152,6 +159,7 @@ def rerotate_cache(
             f"approximate=True to re-rotate anyway"
         )
     specs = _layer_specs(model_rope(config), len(layers))
+    pos = torch.arange(from_length) if positions is None else _positions(positions, from_length)
     done = 0
     for i in changed:
         keys = getattr(layers[i], "keys", None)
@@ -164,12 +172,27 @@ def rerotate_cache(
             )
         spec = specs[i]
         assert spec is not None
-        pos = torch.arange(from_length)
+        if pos.dim() == 2 and pos.shape[0] not in (1, keys.shape[0]):
+            raise InputError(
+                f"positions has {pos.shape[0]} rows but the cache holds {keys.shape[0]}"
+            )
+        at = pos.to(keys.device)
         layers[i].keys = _module(spec).rerotate(
-            keys, pos, pos, from_length=from_length, to_length=to_length
+            keys, at, at, from_length=from_length, to_length=to_length
         )
         done += 1
     return done
+
+
+def _positions(positions: object, from_length: int) -> torch.Tensor:
+    pos = _checks.positions(positions, max_dim=2)
+    if pos.shape[-1] != from_length:
+        raise InputError(
+            f"positions must have shape ({from_length},) or (batch, {from_length}), one per "
+            f"cached key, got shape {tuple(pos.shape)}"
+        )
+    _checks.within_limit("positions", pos)
+    return pos
 
 
 __all__ = ["rerotate_cache", "schedule_changes"]
