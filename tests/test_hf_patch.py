@@ -315,3 +315,30 @@ def test_moving_to_bfloat16_rounds_transformers_frequencies_not_posembs():
     ours, _ = hf.HFRotaryEmbedding(config).to(torch.bfloat16)(x, pos)
     assert float((moved_theirs.float() - want.float()).abs().max()) > 0.5
     assert float((ours.float() - want.float()).abs().max()) <= 2**-8  # one bfloat16 ulp below 1
+
+
+@pytest.mark.parametrize("family", ["gemma3", "olmo3"])
+def test_transformers_own_short_configs_are_read_and_patch_exactly(family):
+    # With fewer layers than the sliding pattern, layer_types lists only sliding_attention while
+    # transformers fills rope_parameters for both types: the nested dict was read as a flat
+    # one and refused. These are the tiny models tests are built from.
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    if family == "gemma3":
+        config = transformers.Gemma3TextConfig(**small, head_dim=8)
+        cls = transformers.Gemma3ForCausalLM
+    else:
+        config = transformers.Olmo3Config(**small, pad_token_id=0, eos_token_id=1)
+        cls = transformers.Olmo3ForCausalLM
+    assert config.layer_types == ["sliding_attention"] * 2
+    kinds = hf.model_rope(config).kinds
+    assert [k.layer_type for k in kinds] == ["sliding_attention"]
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        hf.patch_rotary(model)
+        got = model(ids).logits
+    assert float((got - want).abs().max()) <= 1e-5

@@ -104,10 +104,15 @@ def _rope_dict(text: dict[str, object]) -> tuple[str, dict[str, object], list[st
 
 
 def _is_nested(params: dict[str, object], layer_types: list[str] | None) -> bool:
-    """True for a rope dict keyed by layer type (its values are dicts or null)."""
+    """True for a rope dict keyed by layer type (its values are dicts or null).
+
+    One key in ``layer_types`` is enough: transformers' Gemma 3 and OLMo 3 classes fill an
+    entry for both layer types, and a model with fewer layers than the sliding pattern
+    (``Gemma3TextConfig(num_hidden_layers=2)``) lists only ``sliding_attention``; the entry of
+    a layer type no layer has is unused, as it is in transformers."""
     if not params or not all(isinstance(v, dict) or v is None for v in params.values()):
         return False
-    return layer_types is None or all(k in layer_types for k in params)
+    return layer_types is None or any(k in layer_types for k in params)
 
 
 def _kinds(
