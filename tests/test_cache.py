@@ -125,3 +125,44 @@ def test_bad_caches_are_refused():
         cache.step(q[:, :, :1], k, v)
     with pytest.raises(ValueError, match=r"the new rope.s is 8"):
         cache.reschedule(posemb.RotaryEmbedding(D, rotary_dim=8))
+
+
+def _state(cache):
+    return (len(cache), cache.rotations, cache.keys.clone(), cache.values.clone())
+
+
+@pytest.mark.parametrize(
+    ("what", "shape_k", "shape_v", "dtype"),
+    [
+        ("batch", (2, 2, 1, 16), (2, 2, 1, 8), torch.float32),
+        ("kv heads", (1, 1, 1, 16), (1, 1, 1, 8), torch.float32),
+        ("head_dim", (1, 2, 1, 8), (1, 2, 1, 8), torch.float32),
+        ("v_dim", (1, 2, 1, 16), (1, 2, 1, 4), torch.float32),
+        ("dtype", (1, 2, 1, 16), (1, 2, 1, 8), torch.float64),
+        ("v's length", (1, 2, 1, 16), (1, 2, 2, 8), torch.float32),
+    ],
+)
+def test_a_bad_step_changes_nothing(what, shape_k, shape_v, dtype):
+    # A step of another batch, kv-head count or head_dim had already evicted a token and
+    # re-rotated the rest when it failed (batch and heads with torch's RuntimeError from cat).
+    cache = posemb.RotatedKVCache(posemb.RotaryEmbedding(16), sink=1, window=3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):  # full: the next step evicts
+        cache.step(*(torch.randn(1, n, 1, d, generator=g) for n, d in ((4, 16), (2, 16), (2, 8))))
+    before = _state(cache)
+    q = torch.randn(shape_k[0], 4, shape_k[2], shape_k[3]).to(dtype)
+    with pytest.raises(ValueError):
+        cache.step(q, torch.randn(shape_k).to(dtype), torch.randn(shape_v).to(dtype))
+    after = _state(cache)
+    assert after[:2] == before[:2], what
+    assert torch.equal(after[2], before[2]) and torch.equal(after[3], before[3]), what
+
+
+def test_reschedule_refuses_what_the_constructor_refuses():
+    # XPos on an empty cache was accepted (the first eviction then failed); a string raised
+    # AttributeError.
+    for cache in (posemb.RotatedKVCache(posemb.RotaryEmbedding(16)),):
+        for bad in (posemb.XPos(16), "yarn", None):
+            with pytest.raises(ValueError, match="rope must be a RotaryEmbedding"):
+                cache.reschedule(bad)
+        assert type(cache.rope) is posemb.RotaryEmbedding

@@ -48,12 +48,7 @@ class RotatedKVCache:
     """
 
     def __init__(self, rope: RotaryEmbedding, *, sink: int = 4, window: int | None = None):
-        if not isinstance(rope, RotaryEmbedding) or isinstance(rope, XPos):
-            raise InputError(
-                f"rope must be a RotaryEmbedding (XPos scales keys by position, which eviction "
-                f"cannot move exactly), got {type(rope).__name__}"
-            )
-        self.rope = rope
+        self.rope = _check_rope(rope)
         self.sink = _checks.nonnegative_int("sink", sink)
         self.window = None if window is None else _checks.positive_int("window", window)
         self.keys: torch.Tensor | None = None
@@ -64,25 +59,59 @@ class RotatedKVCache:
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
-    def _moved(self, keep: torch.Tensor, new_len: int) -> None:
-        """Keep the cached tokens at indices ``keep`` and re-rotate them from their positions
-        and the current length to ``0 .. len(keep) - 1`` in the schedule of ``new_len``."""
+    def _moved(self, keep: torch.Tensor, new_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached tokens at indices ``keep``, re-rotated from their positions and the
+        current length to ``0 .. len(keep) - 1`` in the schedule of ``new_len``: new keys and
+        values, the cache unchanged."""
         assert self.keys is not None and self.values is not None
-        old_len = len(self)
-        self.keys = self.rope.rerotate(
+        keys = self.rope.rerotate(
             self.keys[:, :, keep],
             keep,
             torch.arange(len(keep)),
-            from_length=old_len,
+            from_length=len(self),
             to_length=new_len,
         )
-        self.values = self.values[:, :, keep]
-        self.rotations += 1
+        return keys, self.values[:, :, keep]
+
+    def _check_step(self, q: object, k: object, v: object) -> tuple[torch.Tensor, ...]:
+        """Every check of a step, before anything changes: the new tokens' shapes against each
+        other and against what the cache holds."""
+        q = _checks.heads_tensor("q", q, self.rope.head_dim)
+        k = _checks.heads_tensor("k", k, self.rope.head_dim)
+        v = _checks.float_tensor("v", v)
+        t = k.shape[2]
+        if (
+            v.dim() != 4 or q.shape[2] != t or v.shape[2] != t or v.shape[:2] != k.shape[:2]
+            or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]
+        ):  # fmt: skip
+            raise InputError(
+                f"q, k and v must hold the same new tokens of one batch (q heads a multiple of "
+                f"k's), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            )
+        if self.keys is not None and self.values is not None:
+            held = (self.keys.shape[:2], self.keys.shape[3], self.values.shape[3])
+            new = (k.shape[:2], k.shape[3], v.shape[3])
+            same_kind = (k.dtype, k.device, v.dtype) == (
+                self.keys.dtype, self.keys.device, self.values.dtype
+            )  # fmt: skip
+            if held != new or not same_kind:
+                raise InputError(
+                    f"this step's k {tuple(k.shape)} {k.dtype} and v {tuple(v.shape)} do not "
+                    f"match the cache's keys {tuple(self.keys.shape)} {self.keys.dtype} and "
+                    f"values {tuple(self.values.shape)} (batch, kv heads, head_dim, v_dim, "
+                    f"dtype and device stay the same); the cache is unchanged"
+                )
+        if self.window is not None and t > self.window:
+            raise InputError(f"a step of {t} tokens does not fit a window of {self.window}")
+        return q, k, v
 
     def step(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add one step's tokens and return what its queries attend to.
+
+        Everything is checked, and the new tokens rotated, before the cache changes: a bad
+        step raises ``ValueError`` with the cache as it was (nothing evicted or re-rotated).
 
         Args:
             q: ``(batch, q_heads, t, head_dim)`` queries of the t new tokens, not rotated.
@@ -93,26 +122,21 @@ class RotatedKVCache:
             ``(q, keys, values)``: q rotated at the new tokens' positions, and every kept key
             ``(batch, kv_heads, len, head_dim)`` (rotated) and value, the new ones last.
         """
-        t = k.shape[2]
-        if q.shape[2] != t or v.shape[2] != t or v.shape[:2] != k.shape[:2]:
-            raise InputError(
-                f"q, k and v must hold the same new tokens, got q {tuple(q.shape)}, "
-                f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-            )
-        n = len(self)
+        q, k, v = self._check_step(q, k, v)
+        t, n = k.shape[2], len(self)
+        keep = None
         if self.window is not None and n + t > self.sink + self.window:
-            if t > self.window:
-                raise InputError(f"a step of {t} tokens does not fit a window of {self.window}")
             drop = n + t - (self.sink + self.window)
             keep = torch.cat((torch.arange(min(self.sink, n)), torch.arange(self.sink + drop, n)))
-            self._moved(keep, len(keep) + t)
-            n = len(self)
         elif n and self._schedule_changes(n, n + t):
-            self._moved(torch.arange(n), n + t)
-        positions = torch.arange(n, n + t, device=k.device)
-        q, k = self.rope(q, k, positions)
-        self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=2)
-        self.values = v if self.values is None else torch.cat((self.values, v), dim=2)
+            keep = torch.arange(n)
+        kept = n if keep is None else len(keep)
+        q, k = self.rope(q, k, torch.arange(kept, kept + t, device=k.device))
+        keys, values = (self.keys, self.values) if keep is None else self._moved(keep, kept + t)
+        # Only now, with every step done, does the cache change.
+        self.keys = k if keys is None else torch.cat((keys, k), dim=2)
+        self.values = v if values is None else torch.cat((values, v), dim=2)
+        self.rotations += keep is not None
         return q, self.keys, self.values
 
     def _schedule_changes(self, old_len: int, new_len: int) -> bool:
@@ -126,8 +150,10 @@ class RotatedKVCache:
         cached keys into its schedule.
 
         Raises:
-            ValueError: ``rope`` has another geometry (head_dim, rotary_dim, layout).
+            ValueError: ``rope`` is not a plain rotation (XPos, anything else), or has another
+                geometry (head_dim, rotary_dim, layout); the cache is then unchanged.
         """
+        rope = _check_rope(rope)
         for field in ("head_dim", "rotary_dim", "layout"):
             if getattr(rope, field) != getattr(self.rope, field):
                 raise InputError(
@@ -143,6 +169,16 @@ class RotatedKVCache:
             )
             self.rotations += 1
         self.rope = rope
+
+
+def _check_rope(rope: object) -> RotaryEmbedding:
+    """The constructor's and :meth:`RotatedKVCache.reschedule`'s one rule for a rope."""
+    if not isinstance(rope, RotaryEmbedding) or isinstance(rope, XPos):
+        raise InputError(
+            f"rope must be a RotaryEmbedding (XPos scales keys by position, which eviction "
+            f"cannot move exactly), got {type(rope).__name__}"
+        )
+    return rope
 
 
 __all__ = ["RotatedKVCache"]
