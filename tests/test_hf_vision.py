@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from posemb import hf
+from posemb import cli, hf
 from posemb.cli import main
 
 pytest.importorskip("transformers")
@@ -111,3 +111,40 @@ def test_a_scaled_vision_rope_is_refused_not_guessed():
                                                 "rope_theta": 100.0}  # fmt: skip
     with pytest.raises(ValueError, match="rope_type 'linear'"):
         hf.vision_report(data)
+
+
+def _mutated(tmp_path, name, change):
+    d = json.loads((DATA / name).read_text())
+    change(d)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "match"),
+    [
+        ("mistral3__devstral-small-2-24b-instruct.json",
+         lambda d: d["vision_config"].update(num_attention_heads=0), "must be a positive integer"),
+        ("mistral3__devstral-small-2-24b-instruct.json",
+         lambda d: d["vision_config"].update(rope_theta="abc"), "rope_theta must be a number"),
+        ("llama__llama-3.1-8b-instruct.json",
+         lambda d: d.update(vision_config={"model_type": "pixtral"}), "has no vision tower"),
+    ],
+    ids=["zero-heads", "theta-string", "text-only-class"],
+)  # fmt: skip
+def test_malformed_vision_blocks_are_one_line_refusals(tmp_path, capsys, name, change, match):
+    # ZeroDivisionError, AttributeError and a plain ValueError with a traceback (exit 1).
+    path = _mutated(tmp_path, name, change)
+    assert cli.main(["inspect", "--vision", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_options_that_do_not_apply_are_refused_not_ignored(capsys):
+    path = DATA / "mistral3__devstral-small-2-24b-instruct.json"
+    for extra in (["--seq-len", "100"], ["--layer-type", "full_attention"], ["--lenient"]):
+        assert cli.main(["inspect", "--vision", str(path), *extra]) == 2
+        assert "does not apply here" in capsys.readouterr().err
+    assert cli.main(["bench", "--quick", "--dtype", "bf16"]) == 2  # the kernel bench: both
+    assert "--dtype does not apply here" in capsys.readouterr().err

@@ -575,3 +575,9 @@ def test_uint64_positions_beyond_int64_are_refused_not_wrapped():
     q = torch.randn(1, 1, 1, 8)
     with pytest.raises(ValueError, match="uint64 values of 2"):
         posemb.RotaryEmbedding(8)(q, q, torch.tensor([2**64 - 1], dtype=torch.uint64))
+
+
+def test_xpos_rerotate_blames_itself_not_a_source_nobody_passed():
+    k, p = torch.randn(1, 1, 3, 16), torch.arange(3)
+    with pytest.raises(ValueError, match="XPos keys carry a position-dependent scale; they"):
+        posemb.XPos(16).rerotate(k, p, p)

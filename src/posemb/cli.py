@@ -111,12 +111,24 @@ def _cmd_lesson(args: argparse.Namespace) -> int:
     return 1 if built.failed else 0
 
 
+def _refuse_unused(why: str, given: dict[str, bool]) -> None:
+    """Refuse options given where they do not apply (they were silently ignored)."""
+    extra = [flag for flag, on in given.items() if on]
+    if extra:
+        raise InputError(f"{', '.join(extra)} does not apply here: {why}")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from . import hf
 
     config = hf.load_config(args.config)
     strict = not args.lenient
     if args.vision:
+        _refuse_unused(
+            "--vision reads the vision tower's preset",
+            {"--seq-len": args.seq_len is not None, "--layer-type": args.layer_type is not None,
+             "--lenient": args.lenient},
+        )  # fmt: skip
         vision = hf.vision_report(config)
         print(json.dumps(vision, indent=2) if args.json else hf.format_vision(vision))
         return 0
@@ -188,10 +200,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             device=args.device,
             quick=args.quick,
             repeats=args.repeats,
-            dtype=args.dtype,
+            dtype=args.dtype or "fp32",
             progress=None if args.json else progress,
         )
     else:
+        # The kernel bench times fp32 and bf16 both: a --dtype would be silently ignored.
+        _refuse_unused("the kernel bench times fp32 and bf16 both", {"--dtype": bool(args.dtype)})
         rows, one_off = bench.run(
             device=args.device,
             quick=args.quick,
@@ -459,7 +473,7 @@ def _add_bench(sub: Any) -> None:
         "forward+backward, with the rotation's share of each step",
     )
     bench.add_argument(
-        "--dtype", default="fp32", choices=("fp32", "bf16"), help="--hf only: the model's dtype"
+        "--dtype", choices=("fp32", "bf16"), help="--hf only: the model's dtype (default fp32)"
     )
     bench.add_argument(
         "--out",

@@ -437,14 +437,15 @@ class RotaryEmbedding(nn.Module):
         return out.to(k.dtype)
 
     def _check_source(self, source: object) -> None:
+        # This module first: XPos(16).rerotate(k, p, p) blamed a source nobody passed.
+        if isinstance(self, XPos):
+            raise InputError(
+                "XPos keys carry a position-dependent scale; they cannot be re-rotated"
+            )
         if not isinstance(source, RotaryEmbedding) or isinstance(source, XPos):
             raise InputError(
                 f"source must be a RotaryEmbedding (XPos keys carry a position-dependent scale, "
                 f"not a rotation), got {type(source).__name__}"
-            )
-        if isinstance(self, XPos):
-            raise InputError(
-                "XPos keys carry a position-dependent scale; they cannot be re-rotated"
             )
         for field in ("head_dim", "rotary_dim", "layout"):
             if getattr(source, field) != getattr(self, field):

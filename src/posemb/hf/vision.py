@@ -130,10 +130,22 @@ def vision_report(config: object) -> VisionReport:
             f"RoPE towers: {', '.join(sorted(ROPE_TOWERS))}; towers without RoPE: "
             f"{', '.join(sorted(ABSOLUTE_TOWERS))}"
         )
+    _check_block(d["vision_config"], tower)  # type: ignore[arg-type]  (_towers checked it)
     v = _vision_config(outer, d)  # a transformers config class: its fields differ by family
-    heads = int(getattr(v, "num_attention_heads", None) or v.num_heads)
-    width = getattr(v, "embed_dim", None) or v.hidden_size  # Qwen2-VL: hidden_size is the merger's
-    head_dim = int(getattr(v, "head_dim", None) or width // heads)
+    if not hasattr(v, "to_dict"):
+        raise InputError(
+            f"model_type {outer!r}'s config class has no vision tower, so its vision_config "
+            f"block ({tower!r}) is not one transformers reads; give the config of a model that "
+            f"has one"
+        )
+    heads = _field(v, tower, "num_attention_heads", "num_heads")
+    width = _field(v, tower, "embed_dim", "hidden_size")  # Qwen2-VL: hidden_size is the merger's
+    head_dim = _field(v, tower, "head_dim") if getattr(v, "head_dim", None) else width // heads
+    if head_dim < 2:
+        raise InputError(
+            f"vision_config of {tower!r} gives heads {head_dim} wide ({width} / {heads} heads); "
+            f"a head must hold at least one rotated pair"
+        )
     params = getattr(v, "rope_parameters", None) or {}
     kind = params.get("rope_type", "default")
     if kind not in ("default", "axial"):
@@ -141,7 +153,12 @@ def vision_report(config: object) -> VisionReport:
             f"the vision tower {tower!r} of {outer!r} has rope_type {kind!r}; its presets are "
             f"plain axial RoPE ('default' or 'axial'), and posemb does not guess a scaled one"
         )
-    base = float(params["rope_theta"])
+    theta = params.get("rope_theta")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise InputError(
+            f"vision_config of {tower!r}: rope_theta must be a number greater than 1, got {theta!r}"
+        )
+    base = float(theta)
     name = ROPE_TOWERS[tower]
     rope = AxialRotaryEmbedding.preset(name, head_dim, base=base)
     p = PRESETS[name]
@@ -151,6 +168,37 @@ def vision_report(config: object) -> VisionReport:
         frequencies=p.frequencies, layout=p.layout.value, coordinates=list(p.coordinates),
         start=p.start,
     )  # fmt: skip
+
+
+def _check_block(block: dict[str, object], tower: str) -> None:
+    """The file's own vision_config values, before transformers' class reads them (Pixtral's
+    divides by num_attention_heads in its constructor)."""
+    for key in ("num_attention_heads", "num_heads", "head_dim", "hidden_size", "embed_dim"):
+        value = block.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise InputError(
+                f"vision_config of {tower!r}: {key} must be a positive integer, got {value!r}"
+            )
+    theta = block.get("rope_theta")
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))):
+        raise InputError(
+            f"vision_config of {tower!r}: rope_theta must be a number greater than 1, got {theta!r}"
+        )
+
+
+def _field(v: object, tower: str, *names: str) -> int:
+    """The first of ``names`` the vision config sets, as a positive integer."""
+    for key in names:
+        value = getattr(v, key, None)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(
+                    f"vision_config of {tower!r}: {key} must be a positive integer, got {value!r}"
+                )
+            return value
+    raise InputError(f"vision_config of {tower!r} sets none of {', '.join(names)}")
 
 
 def vision_rotary_from_config(config: object) -> AxialRotaryEmbedding:
