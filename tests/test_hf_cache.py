@@ -167,3 +167,15 @@ def test_a_left_padded_batch_rerotates_each_row_at_its_own_positions():
     with pytest.raises(ValueError, match="positions must have shape"):
         hf.rerotate_cache(model.config, transformers.DynamicCache(config=model.config),
                           from_length=4, to_length=5, positions=torch.arange(3))  # fmt: skip
+
+
+def test_schedule_changes_answers_for_an_mrope_config():
+    # A decode loop written as the docs show crashed on Qwen2-VL ("multimodal RoPE keys turn by
+    # three position axes"): its schedule does not change with the length.
+    import json
+    import pathlib
+
+    data = pathlib.Path(__file__).parent / "data" / "hf_configs"
+    config = json.loads((data / "qwen2_vl__qwen2-vl-2b-instruct-awq.json").read_text())
+    assert hf.schedule_changes(config, 10, 11) is False
+    assert hf.schedule_changes(config, 40000, 40001) is False

@@ -20,6 +20,7 @@ import torch
 from .. import _checks
 from .._errors import InputError
 from ..rope import RotaryEmbedding
+from ..scaling import cached_compute
 from .config import model_rope
 from .spec import ModelRope, RopeSpec
 
@@ -58,9 +59,14 @@ def _holds_keys(layer: object) -> bool:
     return isinstance(keys, torch.Tensor) and keys.numel() > 0
 
 
-def _changes(rope: RotaryEmbedding, from_length: int, to_length: int) -> bool:
-    inv_a, fa = rope.schedule(from_length)
-    inv_b, fb = rope.schedule(to_length)
+def _changes(spec: RopeSpec, from_length: int, to_length: int) -> bool:
+    """Whether the spec's frequencies or attention factor differ between the two lengths (read
+    from the schedule alone, so an M-RoPE spec answers too)."""
+
+    def at(n: int) -> tuple[torch.Tensor, float]:
+        return cached_compute(spec.scaling, spec.rotary_dim, spec.base, "cpu", n)
+
+    (inv_a, fa), (inv_b, fb) = at(from_length), at(to_length)
     return fa != fb or not torch.equal(inv_a, inv_b)
 
 
@@ -68,7 +74,7 @@ def _changed_layers(config: object, layers: int, from_length: int, to_length: in
     specs = _layer_specs(model_rope(config), layers)
     return [
         i for i, spec in enumerate(specs)
-        if spec is not None and _changes(_module(spec), from_length, to_length)
+        if spec is not None and _changes(spec, from_length, to_length)
     ]  # fmt: skip
 
 
@@ -86,7 +92,7 @@ def schedule_changes(config: object, from_length: int, to_length: int) -> bool:
     to_length = _checks.positive_int("to_length", to_length)
     mr = model_rope(config)
     rotating = [k.spec for k in mr.kinds if k.spec is not None]
-    return any(_changes(_module(spec), from_length, to_length) for spec in rotating)
+    return any(_changes(spec, from_length, to_length) for spec in rotating)
 
 
 def rerotate_cache(
