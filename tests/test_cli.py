@@ -124,3 +124,16 @@ def test_the_verify_tally_counts_only_corrections_whose_check_passed():
     head = cli.format_table(rows).splitlines()[0]
     assert "2/3 claims hold" in head and "imprecise on 1 of them" in head
     assert "1 more correction(s) failed their check" in head
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--quick", "--out", ""], ["verify", "--save", ""], ["lab", "--quick", "--out", ""],
+     ["lesson", "--out", " "]],
+)  # fmt: skip
+def test_an_empty_output_path_is_refused_before_any_work(argv, capsys):
+    # An unset $VAR gave "" and the command ran with no output (bench, verify) or into the
+    # default folder (lab).
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2 and "must be a path, got an empty string" in capsys.readouterr().err

@@ -179,3 +179,17 @@ def test_schedule_changes_answers_for_an_mrope_config():
     config = json.loads((data / "qwen2_vl__qwen2-vl-2b-instruct-awq.json").read_text())
     assert hf.schedule_changes(config, 10, 11) is False
     assert hf.schedule_changes(config, 40000, 40001) is False
+
+
+def test_a_refused_rerotation_leaves_every_layer_as_it_was():
+    # Layer 0 was re-rotated before layer 1's short cache was refused.
+    model = _tiny("longrope", layers=2)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(IDS[:, :6], cache=cache, use_cache=True)
+    cache.layers[1].keys = cache.layers[1].keys[:, :, :4]
+    before = cache.layers[0].keys.clone()
+    with pytest.raises(ValueError, match="the cache is unchanged"):
+        hf.rerotate_cache(model.config, cache, from_length=6, to_length=2 * ORIGINAL,
+                          approximate=True)  # fmt: skip
+    assert torch.equal(cache.layers[0].keys, before)

@@ -362,3 +362,16 @@ def test_vllm_ntk_type_reads_as_vllm_ntk_with_a_note():
     spec = hf.rope_spec(config)
     assert spec.scaling == sc.VllmNTK(2.0)
     assert any("vLLM" in n for n in spec.notes)
+
+
+def test_an_interleaved_mrope_section_posemb_cannot_run_is_refused_when_read():
+    # Accepted by model_rope and patch_rotary, refused at the first forward: a patched model
+    # that could not run.
+    config = {
+        "model_type": "qwen3_vl_text", "hidden_size": 32, "num_attention_heads": 4,
+        "head_dim": 8, "rope_theta": 5000000.0,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [1, 1, 2],
+                         "mrope_interleaved": True},
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="cannot be interleaved over 4 pairs"):
+        hf.model_rope(config)

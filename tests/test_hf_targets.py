@@ -116,3 +116,65 @@ def test_a_fused_model_saved_with_torch_save_loads_fused(monkeypatch):
     assert torch.equal(got, want)
     assert hf.patch_rotary(loaded, fused=True) == []
     assert len(hf.unpatch_rotary(loaded)) == model.config.num_hidden_layers + 1
+
+
+def test_granite_swa_rotary_modules_with_their_own_config_copies_are_all_patched():
+    # Each of model.rotary_embs holds a deep copy of the config with its own rope_theta: the
+    # equality rule kept the copy equal to the text config and dropped the other (a partial
+    # patch), and the forward then read rotary_emb.config, which posemb's module lacked.
+    config = transformers.GraniteSWAConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, layer_rope_theta=[1e4, 5e5],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GraniteSWAForCausalLM(config).eval()
+    ids = _ids()[:, :12] % 64
+    with torch.no_grad():
+        want = model(ids).logits
+    names = hf.patch_rotary(model, fused=True)
+    rotary = [n for n, m in model.named_modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    assert all(n in names for n in rotary if n.count(".") <= 2), (rotary, names)
+    with torch.no_grad():
+        assert float((model(ids).logits - want).abs().max()) <= 1e-5
+
+
+def test_an_instance_forward_posemb_did_not_set_is_refused_and_hooks_are_kept():
+    # patch_fused overwrote whatever instance forward a module had (a wrapper's), silently.
+    import functools
+
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    attn = model.model.layers[0].self_attn
+    attn.forward = functools.partial(type(attn).forward, attn)
+    with pytest.raises(ValueError, match="already has its own forward"):
+        hf.patch_rotary(model, fused=True)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"  # nothing changed
+    del attn.forward
+    # An accelerate-style hook (its forward calls _old_forward): fused beneath it, kept.
+    calls = []
+    attn._hf_hook = object()
+    attn._old_forward = attn.forward
+
+    def hooked(*args, **kwargs):
+        calls.append(1)
+        return attn._old_forward(*args, **kwargs)
+
+    attn.forward = hooked
+    hf.patch_rotary(model, fused=True)
+    assert is_fused(attn)
+    with torch.no_grad():
+        model(_ids())
+    assert calls == [1]
+    hf.unpatch_rotary(model)
+    assert not is_fused(attn) and attn.forward is hooked
+
+
+def test_a_fused_forward_shows_the_signature_of_the_bound_method():
+    import inspect
+
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    attn = model.model.layers[0].self_attn
+    before = inspect.signature(attn.forward)
+    hf.patch_rotary(model, fused=True)
+    assert inspect.signature(attn.forward) == before  # no self

@@ -325,6 +325,13 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _path(text: str) -> str:
+    """An output path: never empty (an unset $VAR gave "" and ran with no output at all)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return text
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -354,6 +361,7 @@ def _add_verify(sub: Any) -> None:
     verify.add_argument("--list", action="store_true", help="list the claim ids by screen")
     verify.add_argument(
         "--save",
+        type=_path,
         metavar="FILE",
         help="also write the JSON rows to FILE (atomically), for posemb lesson --claims; "
         "an existing FILE that is not an earlier --save is refused",
@@ -372,7 +380,10 @@ def _add_lesson(sub: Any) -> None:
         "if a claim fails (the page is still written, marking it), 2 on bad input.",
     )
     lesson.add_argument(
-        "--out", default="posemb-lesson", help="folder to write (default ./posemb-lesson)"
+        "--out",
+        type=_path,
+        default="posemb-lesson",
+        help="folder to write (default ./posemb-lesson)",
     )
     lesson.add_argument(
         "--claims",
@@ -477,6 +488,7 @@ def _add_bench(sub: Any) -> None:
     )
     bench.add_argument(
         "--out",
+        type=_path,
         help="write a long-format CSV here (atomically); an existing file that is not an "
         "earlier --out is refused",
     )
@@ -550,7 +562,9 @@ def _add_lab(sub: Any) -> None:
         help="under torchrun, train each language model over all ranks (DDP) instead of "
         "dealing jobs",
     )
-    lab.add_argument("--out", help="output folder (default lab-results, lab-quick or lab-gpu)")
+    lab.add_argument(
+        "--out", type=_path, help="output folder (default lab-results, lab-quick or lab-gpu)"
+    )
     lab.add_argument(
         "--force",
         action="store_true",

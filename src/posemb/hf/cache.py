@@ -166,7 +166,8 @@ def rerotate_cache(
         )
     specs = _layer_specs(model_rope(config), len(layers))
     pos = torch.arange(from_length) if positions is None else _positions(positions, from_length)
-    done = 0
+    # Every layer is checked before any is re-rotated: a refusal leaves the cache as it was.
+    todo = []
     for i in changed:
         keys = getattr(layers[i], "keys", None)
         if keys is None or keys.numel() == 0:
@@ -174,18 +175,20 @@ def rerotate_cache(
         if keys.shape[-2] != from_length:
             raise InputError(
                 f"layer {i} holds {keys.shape[-2]} keys but from_length is {from_length}: "
-                f"rerotate_cache needs every token's key (no sliding window)"
+                f"rerotate_cache needs every token's key (no sliding window); the cache is "
+                f"unchanged"
             )
-        spec = specs[i]
-        assert spec is not None
         if pos.dim() == 2 and pos.shape[0] not in (1, keys.shape[0]):
             raise InputError(
                 f"positions has {pos.shape[0]} rows but the cache holds {keys.shape[0]}"
             )
+        spec = specs[i]
+        assert spec is not None
+        todo.append((i, keys, _module(spec)))
+    done = 0
+    for i, keys, rope in todo:
         at = pos.to(keys.device)
-        layers[i].keys = _module(spec).rerotate(
-            keys, at, at, from_length=from_length, to_length=to_length
-        )
+        layers[i].keys = rope.rerotate(keys, at, at, from_length=from_length, to_length=to_length)
         done += 1
     return done
 

@@ -24,6 +24,7 @@ eager while the model claimed to be fused.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -260,6 +261,7 @@ def _rebuilt(fn: types.FunctionType, scope: dict[str, Any]) -> types.FunctionTyp
         new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
         new.__wrapped__ = new_inner  # type: ignore[attr-defined]
     new.__kwdefaults__ = fn.__kwdefaults__
+    new.__annotations__ = dict(fn.__annotations__)  # what inspect.signature shows
     new.__qualname__ = fn.__qualname__
     new.__doc__ = fn.__doc__
     return new
@@ -324,7 +326,8 @@ class FusedForward:
         assert isinstance(original, types.FunctionType)  # patch_fused checked it
         fn = _rebuilt(original, _shadow(cls.__module__, forms))
         self._bound = types.MethodType(fn, module)
-        self.__wrapped__ = cls.forward  # what inspect.signature reads
+        # What inspect.signature reads: the bound method's parameters, without self.
+        self.__signature__ = inspect.signature(self._bound)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._bound(*args, **kwargs)
@@ -339,8 +342,16 @@ def _fused_again(module: nn.Module, forms: tuple[int, ...]) -> FusedForward:
 
 
 def is_fused(module: nn.Module) -> bool:
-    """Whether :func:`patch_fused` rebound this module's ``forward`` (and it still is)."""
-    return isinstance(module.__dict__.get("forward"), FusedForward)
+    """Whether :func:`patch_fused` rebound this module's ``forward`` (and it still is), or the
+    ``_old_forward`` an accelerate hook calls."""
+    return isinstance(module.__dict__.get("forward"), FusedForward) or isinstance(
+        module.__dict__.get("_old_forward"), FusedForward
+    )
+
+
+def _hooked(module: nn.Module) -> bool:
+    """An accelerate hook (``add_hook_to_module``): its forward calls ``_old_forward``."""
+    return "_old_forward" in module.__dict__ and hasattr(module, "_hf_hook")
 
 
 def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
@@ -359,6 +370,12 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         if is_fused(module):
             already += 1
             continue
+        if "forward" in module.__dict__ and not _hooked(module):
+            raise InputError(
+                f"{name} ({type(module).__name__}) already has its own forward "
+                f"({type(module.__dict__['forward']).__name__}), which posemb did not set; "
+                f"patch before wrapping the model, or patch_rotary without fused=True"
+            )
         modeling = type(module).__module__
         called = _innermost(forward).__code__.co_names
         rotations = [n for n in called if n.startswith("apply_rotary")]
@@ -383,7 +400,11 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         )
     # Only now, with every module checked, is anything changed.
     for _, module, chosen in plan:
-        module.forward = FusedForward(module, chosen)
+        if _hooked(module):
+            # accelerate's hook calls _old_forward: fuse beneath it, keep the hook.
+            module.__dict__["_old_forward"] = FusedForward(module, chosen)
+        else:
+            module.forward = FusedForward(module, chosen)
         module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
     return [name for name, _, _ in plan]
 
@@ -394,8 +415,11 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     restored = []
     for name, module in model.named_modules():
         module.__dict__.pop(_MARK, None)
-        if is_fused(module):
+        if isinstance(module.__dict__.get("forward"), FusedForward):
             del module.forward
+            restored.append(name)
+        elif isinstance(module.__dict__.get("_old_forward"), FusedForward):
+            module.__dict__["_old_forward"] = types.MethodType(type(module).forward, module)
             restored.append(name)
     return restored
 

@@ -13,6 +13,7 @@ import warnings
 from .. import _checks
 from .. import temperature as _temperature
 from .._errors import InputError
+from ..mrope import mrope_axes
 from ..rope import Layout
 from . import rope_types
 from .families import CLASS_HEAD_DIM, Family, partial_default
@@ -276,6 +277,11 @@ def _mrope(
                 f"mrope_interleaved is {str(flag).lower()}, but {fam.name}'s module always "
                 f"assigns pairs {fam.mrope_assignment}: read as transformers does"
             )
+    try:
+        # At reading, not at the first forward: a patched model must be able to run.
+        mrope_axes(section, interleaved)
+    except InputError as err:
+        raise InputError(f"{src}: {err}") from None
     return section, interleaved
 
 

@@ -47,6 +47,9 @@ class HFRotaryEmbedding(nn.Module):
 
     def __init__(self, config: object) -> None:
         super().__init__()
+        # Kept as the replaced module keeps it: Granite-SWA's model reads
+        # rotary_emb.config.rope_parameters to pick a layer's module.
+        self.config = config
         self.model: ModelRope = model_rope(config)
         fam = family_for(self.model.model_type, set())
         if fam.tables == "table":

@@ -10,9 +10,11 @@ its class name, and posemb's own ``RotaryEmbedding`` modules inside a patched mo
   looked inside, so a second patch finds nothing of posemb's to replace;
 - a **transformers rotary module** is a class defined in ``transformers`` whose name ends in
   ``RotaryEmbedding``;
-- a module belongs to the **text model** when the config in effect for it (its own ``config``
-  attribute, else the nearest enclosing module's) is the model's text config
-  (``config.get_text_config()``): a vision tower's modules hold its vision config.
+- a module belongs to the **text model** when its own ``config`` is the model's text config
+  (``config.get_text_config()``), or a copy of it of the same model type held inside the text
+  model (Granite-SWA gives each rotary module its own ``rope_theta``); a module without a
+  config belongs where its enclosing module does. A vision tower's modules hold its vision
+  config, of another model type.
 """
 
 from __future__ import annotations
@@ -65,22 +67,38 @@ def text_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     yielded but not looked inside (their ``RotaryEmbedding`` children are not the model's);
     the root (name "") is included."""
     text = text_config(model)
-    # (prefix, config in effect) of the modules seen, to find the nearest enclosing config.
-    in_effect: dict[str, object] = {"": getattr(model, "config", None)}
+    if text is None:  # not a transformers model: nothing tells a tower apart
+        yield from _all_but_inside_posemb(model)
+        return
+    # Whether each module seen is the text model's, to read the nearest enclosing answer.
+    is_text: dict[str, bool] = {}
+    for name, module in _all_but_inside_posemb(model):
+        own = getattr(module, "config", None)
+        parent = name.rpartition(".")[0] if name else None
+        while parent is not None and parent not in is_text:
+            parent = parent.rpartition(".")[0] if parent else None
+        inside = is_text[parent] if parent is not None else False
+        if _is_config(own):
+            # The text config itself, or (inside the text model) a copy of it that a module
+            # was given with its own changes (Granite-SWA's per-layer rope_theta): same model
+            # type. A vision tower's config has its own model type.
+            same_type = getattr(own, "model_type", None) == getattr(text, "model_type", None)
+            is_text[name] = _same(own, text) or (inside and same_type)
+        else:
+            is_text[name] = inside if name else _same(getattr(model, "config", None), text)
+        if is_text[name]:
+            yield name, module
+
+
+def _all_but_inside_posemb(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Every module, posemb's own yielded but not looked inside."""
     skipped: list[str] = []
     for name, module in model.named_modules():
-        if any(name == s or name.startswith(s + ".") for s in skipped):
+        if any(name.startswith(s + ".") for s in skipped):
             continue
         if name and is_posemb(module):
-            skipped.append(name)  # yielded (a patched module), never looked inside
-        own = getattr(module, "config", None)
-        parent = name.rpartition(".")[0]
-        while parent not in in_effect:
-            parent = parent.rpartition(".")[0]
-        config = own if _is_config(own) else in_effect[parent]
-        in_effect[name] = config
-        if text is None or config is None or _same(config, text):
-            yield name, module
+            skipped.append(name)
+        yield name, module
 
 
 __all__ = ["is_posemb", "is_rotary", "text_config", "text_modules"]

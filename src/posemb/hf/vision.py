@@ -130,7 +130,9 @@ def vision_report(config: object) -> VisionReport:
             f"RoPE towers: {', '.join(sorted(ROPE_TOWERS))}; towers without RoPE: "
             f"{', '.join(sorted(ABSOLUTE_TOWERS))}"
         )
-    _check_block(d["vision_config"], tower)  # type: ignore[arg-type]  (_towers checked it)
+    block = d["vision_config"]
+    assert isinstance(block, dict)  # _towers checked it
+    _check_block(block, tower)
     v = _vision_config(outer, d)  # a transformers config class: its fields differ by family
     if not hasattr(v, "to_dict"):
         raise InputError(
@@ -181,6 +183,25 @@ def _check_block(block: dict[str, object], tower: str) -> None:
             raise InputError(
                 f"vision_config of {tower!r}: {key} must be a positive integer, got {value!r}"
             )
+    head_dim, heads = (
+        block.get("head_dim"),
+        block.get("num_attention_heads") or block.get("num_heads"),
+    )
+    width = block.get("embed_dim") or block.get("hidden_size")  # as vision_report reads them
+    if head_dim is None and isinstance(heads, int) and isinstance(width, int):
+        if width % heads:
+            raise InputError(
+                f"vision_config of {tower!r}: hidden size {width} is not divisible by its "
+                f"{heads} heads"
+            )
+        head_dim = width // heads
+    if isinstance(head_dim, int) and head_dim % 4:
+        # An axial tower splits each head between two axes, in pairs: transformers' classes
+        # refuse other widths in their constructors with their own error types.
+        raise InputError(
+            f"vision_config of {tower!r}: heads {head_dim} wide cannot be split into pairs "
+            f"for two axes; allowed are multiples of 4"
+        )
     theta = block.get("rope_theta")
     if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))):
         raise InputError(
