@@ -11,6 +11,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
+# The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
+export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test docs lint format clean
 
@@ -19,7 +21,7 @@ $(BIN)/python:
 
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[lesson,jit]'
-	$(BIN)/posemb kernels --build
+	$(BIN)/posemb kernels --build --if-possible
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
@@ -27,7 +29,7 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	# A test oracle: torchtune's vision RoPE. Its package imports torchao and more on import,
 	# so the tests load that one module file, and none of its dependencies are installed.
 	$(PIP) --no-deps torchtune
-	$(BIN)/posemb kernels --build
+	$(BIN)/posemb kernels --build --if-possible
 	@touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo

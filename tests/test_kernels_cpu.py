@@ -472,3 +472,30 @@ def test_posemb_hugepages_0_turns_the_advice_off():
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == 0
+
+
+def test_ninja_is_found_the_way_torch_finds_it(monkeypatch, tmp_path):
+    # torch runs `ninja --version` from PATH, posemb checked `import ninja`: the jit extra's
+    # ninja in an unactivated venv's bin failed the build ("Ninja is required"), and a system
+    # ninja-build without the package was refused.
+    pytest.importorskip("ninja")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ninja, no compiler: only the package
+    assert cpu._ninja_refusal() is None
+    import ninja
+
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "ninja", None)  # no package either
+    assert "no ninja to build one" in cpu._ninja_refusal()
+
+
+def test_kernels_build_if_possible_says_why_once_and_goes_on(monkeypatch, capsys):
+    from posemb import cli
+
+    monkeypatch.setattr(cpu, "load", lambda verbose=False: None)
+    monkeypatch.setattr(cpu, "unavailable_reason", lambda: "no C++ compiler (injected)")
+    assert cli.main(["kernels", "--build"]) == 1
+    capsys.readouterr()
+    assert cli.main(["kernels", "--build", "--if-possible"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("no C++ compiler (injected)") == 1 and "reference rotation" in err

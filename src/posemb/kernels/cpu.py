@@ -141,11 +141,34 @@ def _jit_refusal() -> str | None:
         )
     if shutil.which("c++") is None and shutil.which("g++") is None:
         return "no C++ compiler (c++/g++) on PATH to build one"
+    return _ninja_refusal()
+
+
+def _ninja_refusal() -> str | None:
+    """Why torch's builder would not find ninja, or None.
+
+    torch runs ``ninja --version`` from PATH. The ninja package (the ``jit`` extra) keeps its
+    binary in its own folder, a venv's ``bin`` that need not be on PATH (a venv used without
+    activating it, as the Makefile does): that folder is put on this process's PATH. A system
+    ninja (Debian's ninja-build) serves as well without the package.
+    """
+    from torch.utils.cpp_extension import is_ninja_available
+
     try:
-        import ninja  # noqa: F401  (torch's extension builder needs it)
+        import ninja
+
+        folder = getattr(ninja, "BIN_DIR", None)
     except ImportError:
-        return "the ninja package to build one is missing (pip install 'posemb[jit]')"
-    return None
+        folder = None
+    path = os.environ.get("PATH", "")
+    if folder and os.path.isdir(folder) and folder not in path.split(os.pathsep):
+        os.environ["PATH"] = folder + (os.pathsep + path if path else "")
+    if is_ninja_available():
+        return None
+    return (
+        "no ninja to build one: none on PATH and no ninja package (pip install 'posemb[jit]', "
+        "or a system ninja-build)"
+    )
 
 
 def _build_error(err: BaseException) -> str:
