@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 
+from posemb import _owned
 from posemb._owned import MANIFEST, OwnedFolder, check_output_file, probe_writable
 
 CMD = "posemb test"
@@ -277,3 +278,23 @@ def test_a_second_run_into_a_held_folder_is_refused(tmp_path):
     with OwnedFolder(tmp_path / "out", CMD).running():  # released with the first run
         pass
     OwnedFolder.claim(tmp_path / "out", CMD)  # the lock file is the command's own
+
+
+def test_running_makes_the_folder_again_when_a_probe_removed_it(tmp_path, monkeypatch):
+    # Two lab ranks claim one folder: one rank's probe_writable removed the folder it had just
+    # made, between the other's mkdir and its open of the lock (FileNotFoundError, then a
+    # gloo barrier waiting on a dead rank for 120 s).
+    folder = tmp_path / "out"
+    real_open, calls = os.open, []
+
+    def flaky(path, *args, **kwargs):
+        if str(path).endswith(_owned.LOCK) and not calls:
+            calls.append(path)
+            os.rmdir(folder)  # what the other process's probe did
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", flaky)
+    with _owned.OwnedFolder(folder, "posemb test").running():
+        assert (folder / _owned.LOCK).exists()
+    assert calls

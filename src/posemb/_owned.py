@@ -302,8 +302,17 @@ class OwnedFolder:
         An ``flock`` on ``.posemb-owned.lock``, released when the run ends or its process
         dies; the file itself stays (empty), one of the command's own.
         """
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        for attempt in range(5):
+            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+                break
+            except FileNotFoundError:
+                # Another process's probe_writable removed the folder it had just made
+                # (the lab's ranks claim one folder at once): make it again.
+                if attempt == 4:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
