@@ -259,6 +259,11 @@ def test_without_compiler_or_ninja_the_reason_names_the_fix(monkeypatch):
     assert "no C++ compiler (c++/g++) on PATH" in (cpu._jit_refusal() or "")
     monkeypatch.setattr(cpu.shutil, "which", lambda name: "/usr/bin/" + name)
     monkeypatch.setitem(sys.modules, "ninja", None)  # import ninja -> ImportError
+    from torch.utils import cpp_extension
+
+    # No package and no ninja on PATH (a system ninja-build alone would serve: it is how
+    # torch finds one).
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
     assert "pip install 'posemb[jit]'" in (cpu._jit_refusal() or "")
 
 
