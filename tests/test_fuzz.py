@@ -326,3 +326,27 @@ def test_where_posemb_and_transformers_both_read_a_mutated_config_they_agree():
     assert both >= DIFFERENTIAL // 4, both
     print(f"differential: {DIFFERENTIAL} mutations, {both} read by both")
     assert not disagree, disagree[:5]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: posemb.inv_freq(1 << 40), "dim gives heads 1099511627776 channels wide"),
+        (lambda: posemb.RotaryEmbedding(1 << 20), "head_dim gives heads 1048576 channels"),
+        (lambda: posemb.scaling.Default().compute(1 << 34, 1e4), "rotary_dim gives heads"),
+        (
+            lambda: posemb.hf.model_rope(
+                {"model_type": "llama", "hidden_size": 1 << 40, "num_attention_heads": 32,
+                 "rope_theta": 1e4}
+            ),
+            r"hidden_size gives heads 34359738368 channels wide \(hidden_size / num_attention",
+        ),
+    ],
+    ids=["inv_freq", "module", "scaling", "config"],
+)  # fmt: skip
+def test_absurd_head_widths_are_refused_before_anything_is_allocated(call, match):
+    # A config with hidden_size 2^40 made posemb inspect ask torch for 137 GB and die with a
+    # traceback (issue 32). Run under a 4 GB address-space limit would show the same.
+    with pytest.raises(posemb.InputError, match=match):
+        call()
+    assert posemb.inv_freq(1 << 16).shape == (1 << 15,)  # the bound itself is served

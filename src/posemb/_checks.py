@@ -279,10 +279,26 @@ def per_token_tables(cos: torch.Tensor, x: torch.Tensor, name: str = "x") -> Non
         )
 
 
+MAX_HEAD_DIM = 1 << 16
+"""Most channels per head posemb forms tables for: 128x the widest head published (512), and
+small enough that no absurd config allocates before it is refused (a hidden_size of 2^40
+asked torch for 137 GB in ``arange``)."""
+
+
+def head_width(name: str, value: int, what: str = "") -> int:
+    """Refuse a head wider than :data:`MAX_HEAD_DIM` channels, naming where it came from."""
+    if value > MAX_HEAD_DIM:
+        raise InputError(
+            f"{name} gives heads {value} channels wide{what}; posemb forms tables for at most "
+            f"{MAX_HEAD_DIM} (2^16) channels per head"
+        )
+    return value
+
+
 def rotary_dims(head_dim: object, rotary_dim: object) -> tuple[int, int]:
     """``(head_dim, rotary_dim)`` checked: a positive head, an even rotary part within it
-    (``rotary_dim`` None means the whole head)."""
-    head = positive_int("head_dim", head_dim)
+    (``rotary_dim`` None means the whole head), at most :data:`MAX_HEAD_DIM` wide."""
+    head = head_width("head_dim", positive_int("head_dim", head_dim))
     rotary = even_int("rotary_dim", head if rotary_dim is None else rotary_dim)
     if rotary > head:
         raise InputError(f"rotary_dim must be <= head_dim = {head}, got {rotary_dim!r}")

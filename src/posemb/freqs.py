@@ -50,7 +50,7 @@ def inv_freq(
     Returns:
         Tensor of shape ``(dim // 2,)``, decreasing from 1.0.
     """
-    _checks.even_int("dim", dim)
+    _checks.head_width("dim", _checks.even_int("dim", dim))
     b = _checks.base(base)
     _checks.float_dtype("dtype", dtype)
     exponent = torch.arange(0, dim, 2, dtype=torch.float64) / dim

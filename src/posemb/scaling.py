@@ -44,6 +44,7 @@ def _need_pairs(cls: str, rotary_dim: int, minimum: int = 2) -> None:
         raise InputError(f"{cls} needs an even rotary_dim >= {minimum}, got {rotary_dim!r}")
     if rotary_dim % 2:
         raise InputError(f"{cls} needs an even rotary_dim (pairs rotate), got {rotary_dim}")
+    _checks.head_width("rotary_dim", rotary_dim)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,16 @@ def check_keys(
 def _head_dim(
     text: dict[str, object], fam: Family, layer_type: str | None, class_types: frozenset[str]
 ) -> tuple[int, str]:
-    """Channels the RoPE acts on, and the key that said so."""
+    """Channels the RoPE acts on, and the key that said so; bounded before any table exists."""
+    value, key = _read_head_dim(text, fam, layer_type, class_types)
+    derived = " (hidden_size / num_attention_heads)" if key == "hidden_size" else ""
+    _checks.head_width(key, value, derived)
+    return value, key
+
+
+def _read_head_dim(
+    text: dict[str, object], fam: Family, layer_type: str | None, class_types: frozenset[str]
+) -> tuple[int, str]:
     if fam.rope_head_dim_key is not None:
         v = text.get(fam.rope_head_dim_key)
         if v is None:
