@@ -258,11 +258,6 @@ def _checkpoint_rows(index: pathlib.Path, wmap: Mapping[str, str]) -> dict[str, 
     return rows
 
 
-def _check_counts(num_heads: int, num_kv_heads: int | None) -> None:
-    # Checked before the (possibly many-GB) files are read, not only once they are in memory.
-    _head_counts(num_heads, num_kv_heads)
-
-
 def convert_checkpoint(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -302,7 +297,7 @@ def convert_checkpoint(
         raise InputError(f"output {str(dst_p)!r} exists; pass --force to replace it")
     # Before the input is read: a folder that cannot be written would fail only at the end.
     probe_writable(dst_p.parent, "the output's folder")
-    _check_counts(num_heads, num_kv_heads)
+    _head_counts(num_heads, num_kv_heads)  # before the (possibly many-GB) files are read
     index = _index_of(src_p)
     if index is not None:
         wmap = read_index(index)
@@ -390,7 +385,7 @@ def convert_sharded(
         raise InputError(
             f"output {str(out_p)!r} is the input's folder; posemb never overwrites its input"
         )
-    _check_counts(num_heads, num_kv_heads)
+    _head_counts(num_heads, num_kv_heads)  # before the (possibly many-GB) files are read
     wmap = read_index(index)
     shards = sorted(set(wmap.values()))
     files = {*shards, index.name}
