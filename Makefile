@@ -5,6 +5,8 @@
 #               (among them: the wheel built, installed where no compiler exists, and tested,
 #               and the documentation site built strictly and opened in a browser)
 #   make docs   builds the documentation site into site/ (the lesson page inside it)
+#   make wheel  builds the release wheel (manylinux-tagged, the op inside) and the sdist into
+#               dist/, from a clean copy of the checkout (scripts/build_wheel.py)
 # Versions come from constraints.txt so that every machine tests the same set.
 
 PYTHON ?= python3
@@ -14,7 +16,7 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constra
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test docs lint format clean
+.PHONY: demo test docs wheel lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +44,9 @@ demo: $(VENV)/.installed-demo
 # refused (mkdocs itself would empty it).
 docs: $(VENV)/.installed-dev
 	$(BIN)/python scripts/build_docs.py site
+
+wheel: $(VENV)/.installed-dev
+	$(BIN)/python scripts/build_wheel.py dist
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -1,15 +1,18 @@
 """Builds posemb's fused CPU op into the wheel; everything else is in pyproject.toml.
 
 The op is compiled against the torch of the build environment, on its stable ABI (see
-src/posemb/kernels/build.py), so a release wheel is built with that torch installed and no
-build isolation, which would fetch another torch:
+src/posemb/kernels/build.py). pip's default build isolation makes a fresh environment that
+holds no torch, so a wheel is built with torch installed and no isolation (``make wheel``
+does this, and repairs the wheel to a manylinux tag):
 
-    pip wheel --no-deps --no-build-isolation -w dist .
+    pip install --no-build-isolation .
 
-POSEMB_BUILD_OP=1 makes a build without torch an error, 0 skips the op. With the default
-(auto) a build without torch gives a pure-Python wheel and says so; it still runs everywhere,
-with the op compiled on first use where a compiler and ninja exist (posemb[jit]), else the
-reference rotation.
+POSEMB_BUILD_OP=1 makes a build without torch an error, 0 skips the op (a pure-Python wheel).
+With the default (auto) a wheel built where torch cannot be imported is an error too, since
+pip would otherwise install a wheel with no op and say so only under ``pip -v``; an editable
+install (``pip install -e .``) needs no prebuilt op and builds none: a source checkout compiles
+the op on first use where a compiler and ninja exist (posemb[jit]), else runs the reference
+rotation.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ from setuptools import setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 MODES = ("auto", "0", "1")
+NO_TORCH = """
+posemb: torch cannot be imported in this build environment, so the wheel would carry no
+prebuilt CPU op. pip builds in an isolated environment by default, and that holds no torch.
+Install torch first, then build without isolation:
+
+    pip install torch setuptools
+    pip install --no-build-isolation <this sdist or checkout>
+
+or install from a checkout in place (pip install -e .: the op is compiled on first use), or
+set POSEMB_BUILD_OP=0 for a wheel without the op (it runs the reference rotation).
+"""
 
 
 def _kernel_build():
@@ -44,17 +58,9 @@ def _op_options() -> dict:
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
-        if mode == "1":
-            raise SystemExit(
-                "POSEMB_BUILD_OP=1, but torch cannot be imported in the build environment; "
-                "build with --no-build-isolation in an environment that has torch"
-            ) from None
-        print(
-            "posemb: torch is not importable here, so the wheel carries no prebuilt CPU op "
-            "(pip wheel --no-build-isolation with torch installed builds it)",
-            file=sys.stderr,
-        )
-        return {}
+        if mode == "1" or "bdist_wheel" in sys.argv:
+            raise SystemExit(NO_TORCH) from None
+        return {}  # metadata, an sdist or an editable install: no op is compiled for these
     kb = _kernel_build()
     import torch
 

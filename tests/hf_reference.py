@@ -2,21 +2,20 @@
 
 Kept apart from the tests so the real-config test and the family sweep read a config the same
 way: build the model's config class from the dict, take its text config, instantiate the rotary
-module the text model uses, and read its per-layer-type ``inv_freq`` and attention scaling.
+module the text model uses, and read its per-layer-type ``inv_freq`` and attention scaling
+(:mod:`posemb.hf.upstream`, which ``posemb inspect`` uses to report transformers' misreadings;
+here, unlike there, the keys are first put in a form transformers reads, below).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
-import warnings
-
-import torch
 
 transformers = __import__("pytest").importorskip("transformers")
-from transformers import AutoConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+from posemb.hf import upstream  # noqa: E402  (transformers' config class and rotary module)
 
 # transformers warns about keys it ignores and missing tokenizers; not what these tests check.
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -43,7 +42,8 @@ RENAMED_FOR_TRANSFORMERS = {("phi3", "su"): "longrope"}
 
 
 def hf_config(d: dict, model_type: str | None = None):
-    """transformers' text config for a config.json dict (the model's own config class)."""
+    """transformers' text config for a config.json dict (the model's own config class), given
+    the keys in the form transformers can read (the adjustments above)."""
     mt = model_type or STAND_INS.get(d["model_type"], d["model_type"])
     scaling = d.get("rope_scaling") or {}
     renamed = RENAMED_FOR_TRANSFORMERS.get((d["model_type"], scaling.get("type")))
@@ -51,32 +51,10 @@ def hf_config(d: dict, model_type: str | None = None):
         d = {**d, "rope_scaling": {**scaling, "type": renamed}}
     if d["model_type"] in NESTED_FOR_TRANSFORMERS and "text_config" not in d:
         d = {"model_type": d["model_type"], "text_config": {**d, "model_type": mt + "_text"}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = AutoConfig.for_model(mt, **{k: v for k, v in d.items() if k != "model_type"})
-    return cfg.get_text_config(decoder=True)
+    return upstream.text_config({**d, "model_type": mt})
 
 
-def rotary_classes(text_config) -> list[type]:
-    """The rotary-embedding classes of the text config's modeling file, the text one first."""
-    modname = type(text_config).__module__.replace(".configuration_", ".modeling_")
-    try:
-        mod = importlib.import_module(modname)
-    except ImportError:
-        return []
-    want = type(text_config).__name__.replace("Config", "RotaryEmbedding")
-    found = [
-        c
-        for n, c in vars(mod).items()
-        if isinstance(c, type)
-        and n.endswith("RotaryEmbedding")
-        and issubclass(c, torch.nn.Module)
-        and c.__module__ == mod.__name__
-    ]
-    # The text model's module: the config's own name first, then names of no other part.
-    others = ("Vision", "Audio", "DiT", "Talker", "Token2Wav", "Encoder")
-    found.sort(key=lambda c: (c.__name__ != want, any(o in c.__name__ for o in others), c.__name__))
-    return found
+rotary_classes = upstream.rotary_classes
 
 
 def hf_frequencies(text_config, seq_len: int | None = None):
@@ -85,39 +63,18 @@ def hf_frequencies(text_config, seq_len: int | None = None):
     With ``seq_len`` the length-dependent types are recomputed through transformers' own init
     function at that length (what its dynamic update does for a call of that length).
     """
-    for cls in rotary_classes(text_config):
-        try:
-            module = cls(config=text_config)
-        except Exception:  # a rotary class for another part of the model
-            continue
-        out = {}
-        if hasattr(module, "embed_positions"):
-            # GPT-J keeps cat(sin, cos) of float32 angles per position and no inv_freq: the
-            # angle at position 1 is the frequency (float32 sin/cos, then atan2 in float64).
-            half = module.embed_positions.shape[-1] // 2
-            row = module.embed_positions[1].double()
-            out[None] = (torch.atan2(row[:half], row[half:]), 1.0)
-        if hasattr(module, "inv_freq"):
-            out[None] = (module.inv_freq.double(), float(getattr(module, "attention_scaling", 1)))
-        for name, buf in module.named_buffers():
-            if name.endswith("_inv_freq") and not name.endswith("original_inv_freq"):
-                lt = name[: -len("_inv_freq")]
-                out[lt] = (buf.double(), float(getattr(module, f"{lt}_attention_scaling", 1)))
-        if not out:
-            continue
-        if seq_len is not None:
-            for lt in list(out):
-                params = text_config.rope_parameters
-                params = params[lt] if lt is not None else params
-                rope_type = params["rope_type"]
-                if rope_type in ("dynamic", "longrope"):
-                    kwargs = {"layer_type": lt} if lt is not None else {}
-                    inv, af = ROPE_INIT_FUNCTIONS[rope_type](
-                        text_config, None, seq_len=seq_len, **kwargs
-                    )
-                    out[lt] = (inv.double(), float(af))
-        return cls.__name__, out
-    return None, {}
+    name, out = upstream.frequencies(text_config)
+    if name is None or seq_len is None:
+        return name, out
+    for lt in list(out):
+        params = text_config.rope_parameters
+        params = params[lt] if lt is not None else params
+        rope_type = params["rope_type"]
+        if rope_type in ("dynamic", "longrope"):
+            kwargs = {"layer_type": lt} if lt is not None else {}
+            inv, af = ROPE_INIT_FUNCTIONS[rope_type](text_config, None, seq_len=seq_len, **kwargs)
+            out[lt] = (inv.double(), float(af))
+    return name, out
 
 
 def inv_freq_tolerance(base: float) -> float:

@@ -28,6 +28,8 @@ def test_quick_hf_bench_times_every_method_on_every_part(tmp_path, capsys):
         if r["part"] != "rotation":
             assert 0 < r["rotation_share"] < 1
     assert {r["setup"] for r in rows} == {"2L w128 h4/2 b2x64"}
+    # What patch_rotary fused ran, and the machine in full.
+    assert rows[0]["cpu_op"] != "" and rows[0]["python"] != "" and rows[0]["arch"] != ""
 
 
 def test_hf_bench_refuses_kernel_shapes(capsys):

@@ -36,8 +36,10 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
     assert {r["method"] for r in steps} >= {"posemb module, shared", "transformers eager"}
     assert all(r["vs_hf_eager"] for r in steps)
     assert "torch.compile reference" in methods
-    for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps"):
-        assert rows[0][key] != ""
+    for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps",
+                "python", "arch", "rotary_embedding_torch", "cpu_op"):  # fmt: skip
+        assert rows[0][key] != "", key
+    assert rows[0]["device_name"] != rows[0]["arch"]  # the CPU's model, not "x86_64"
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -46,3 +48,34 @@ def test_bench_without_gpu_is_a_clear_error(capsys):
         pytest.skip("a GPU is present: this test is about machines without one")
     assert cli.main(["bench", "--device", "cuda", "--quick"]) == 2
     assert "no CUDA device is available" in capsys.readouterr().err
+
+
+def test_the_machine_line_names_cpu_python_libraries_and_what_is_absent(monkeypatch):
+    import platform
+
+    from posemb.bench import kernels as bench
+
+    monkeypatch.setattr(bench, "_version", lambda d: None if d == "flash-attn" else "1.2")
+    m = bench.machine(torch.device("cpu"))
+    assert m["python"] == platform.python_version() and m["arch"] == platform.machine()
+    assert m["absent"] == "flash-attn" and m["flash_attn"] is None
+    assert m["rotary_embedding_torch"] == "1.2"
+    line = bench.describe_machine(bench.Row("s", "1", "fp32", "forward", "m", 1, 1, 1, None,
+                                            None, None, 1, **m))  # fmt: skip
+    assert f"Python {platform.python_version()}" in line and "rotary-embedding-torch 1.2" in line
+    assert line.count("flash-attn") == 1 and "not installed: flash-attn" in line
+    assert bench.cpu_model() in line
+
+
+def test_an_earlier_bench_csv_is_still_recognised_as_ours():
+    """--out overwrites only a bench CSV: one written before the machine's columns counts."""
+    from posemb.bench import hf as bench_hf
+    from posemb.bench.kernels import MACHINE_FIELDS, Row
+
+    old = [f for f in Row.__dataclass_fields__ if f not in MACHINE_FIELDS]
+    assert bench_hf.is_bench_csv((",".join(old) + "\n1,2\n").encode())
+    old_hf = [f for f in bench_hf.HFRow.__dataclass_fields__
+              if f not in (*MACHINE_FIELDS, "cpu_op", "triton")]  # fmt: skip
+    assert old_hf[-1] == "timestamp"
+    assert bench_hf.is_bench_csv(",".join(old_hf).encode())
+    assert not bench_hf.is_bench_csv(b"name,value\n")

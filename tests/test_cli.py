@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import posemb
 from posemb import cli
 from posemb.lesson import claims
 
@@ -137,3 +138,10 @@ def test_an_empty_output_path_is_refused_before_any_work(argv, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     assert done.value.code == 2 and "must be a path, got an empty string" in capsys.readouterr().err
+
+
+def test_version_names_the_package_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"posemb {posemb.__version__}"

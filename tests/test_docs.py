@@ -150,6 +150,13 @@ def site(tmp_path_factory, lesson_build):
     return out
 
 
+def test_the_site_holds_no_bytecode_and_no_build_hook(site):
+    # mkdocs imports docs/hooks.py (leaving docs/__pycache__) and copied both into the site.
+    strays = [p.relative_to(site).as_posix() for p in site.rglob("*")
+              if p.name == "__pycache__" or p.suffix in (".py", ".pyc")]  # fmt: skip
+    assert strays == []
+
+
 def test_the_cli_page_is_the_parser(site):
     from posemb import cli
 

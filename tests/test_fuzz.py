@@ -9,10 +9,12 @@ the command line) exit status 2 with one line. Anything else (a ``RuntimeError``
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import pathlib
-import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -26,7 +28,6 @@ from tolerances import assert_close
 DATA = pathlib.Path(__file__).parent / "data" / "hf_configs"
 CONFIGS = sorted(DATA.glob("*.json"))
 
-WEIRD = [None, -1, 0, 1, 3, 7, 2.5, -0.5, 1e308, float("nan"), "64", "x", True, [], [1, 2], {}]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
 
 
@@ -195,33 +196,18 @@ def test_frequencies(dim, base):
     _only_refusals(lambda: posemb.wavelengths(dim, base))
 
 
-def _paths(d, prefix=()):
-    """Every (path to a key) in a nested config dict."""
-    for k, v in d.items():
-        yield (*prefix, k)
-        if isinstance(v, dict):
-            yield from _paths(v, (*prefix, k))
+def _fuzz_script():
+    """scripts/fuzz_configs.py, loaded by path: the mutations and the memory-limited run."""
+    path = pathlib.Path(__file__).parent.parent / "scripts" / "fuzz_configs.py"
+    spec = importlib.util.spec_from_file_location("fuzz_configs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _mutations(seed: int, count: int):
     """Copies of the published configs with one key dropped, renamed or given another value."""
-    rng = random.Random(seed)
-    for _ in range(count):
-        path = rng.choice(CONFIGS)
-        d = json.loads(path.read_text(encoding="utf-8"))
-        keys = [p for p in _paths(d) if "rope" in "".join(map(str, p)) or len(p) <= 2]
-        where = rng.choice(keys)
-        parent = d
-        for k in where[:-1]:
-            parent = parent[k]
-        kind = rng.choice(["drop", "rename", "retype", "retype"])
-        if kind == "drop":
-            del parent[where[-1]]
-        elif kind == "rename":
-            parent[where[-1] + rng.choice(["_", "s", "X"])] = parent.pop(where[-1])
-        else:
-            parent[where[-1]] = copy.deepcopy(rng.choice(WEIRD))
-        yield f"{path.name}: {kind} {'.'.join(map(str, where))}", d
+    return _fuzz_script().mutations(seed, count, absurd=False)
 
 
 MUTATIONS = int(os.environ.get("POSEMB_FUZZ_MUTATIONS", "300"))
@@ -350,3 +336,46 @@ def test_absurd_head_widths_are_refused_before_anything_is_allocated(call, match
     with pytest.raises(posemb.InputError, match=match):
         call()
     assert posemb.inv_freq(1 << 16).shape == (1 << 15,)  # the bound itself is served
+
+
+ABSURD_MUTATIONS = int(os.environ.get("POSEMB_FUZZ_ABSURD", "300"))
+
+
+def test_mutations_with_absurd_sizes_end_in_seconds_under_a_4gb_address_space(tmp_path):
+    """scripts/fuzz_configs.py in its own process, limited to 4 GB of address space: each
+    mutation (one in three an absurd size) ends in exit 0 or a one-line exit 2, none past 10 s.
+    Before the bounds at the door, Gemma 3 with 2^40 layers looped in transformers' config class
+    and never ended; 2,000 mutations (seeds 0-3) are the issue's figure."""
+    script = pathlib.Path(__file__).parent.parent / "scripts" / "fuzz_configs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--mutations", str(ABSURD_MUTATIONS), "--seed", "5",
+         "--limit-gb", "4", "--json", "--folder", str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["failures"] == 0 and report["slowest_s"] < 10, report
+    assert set(report["statuses"]) == {"0", "2"}, report
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "value", "match"),
+    [
+        ("gemma3__gemma-3-27b-it.json", ("text_config", "num_hidden_layers"), 1 << 40,
+         r"text_config.num_hidden_layers is 1099511627776, past the most posemb accepts \(65,536"),
+        ("qwen3__qwen3-8b.json", ("num_key_value_heads",), 1 << 62, "num_key_value_heads is"),
+        ("llama__llama-3.1-8b-instruct.json", ("max_position_embeddings",), 1e300,
+         r"max_position_embeddings is 1e\+300, past the most posemb accepts \(9,007,199"),
+        ("phi3__phi-3-vision-128k-instruct.json", ("original_max_position_embeddings",), 1,
+         "must be at least 2 for the default attention factor"),
+    ],
+    ids=["layers", "heads", "positions", "longrope-one-token"],
+)  # fmt: skip
+def test_what_the_absurd_size_fuzz_found(name, path, value, match):
+    d = json.loads((DATA / name).read_text())
+    parent = d
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+    with pytest.raises(posemb.InputError, match=match):
+        posemb.hf.model_rope(d)

@@ -91,13 +91,24 @@ def test_inspect_missing_file(tmp_path, capsys):
 
 
 def test_the_command_prints_the_library_report(tmp_path, capsys):
-    # The command only parses and prints: its JSON and text are hf.inspect_report's.
+    # The command only parses and prints: its JSON and text are hf.inspect_report's, then
+    # (unless --no-transformers) the comparison with transformers, hf.transformers_differs'.
     path = write(tmp_path, LLAMA_3_1)
     report = hf.inspect_report(LLAMA_3_1, seq_len=9000)
-    assert cli.main(["inspect", path, "--json", "--seq-len", "9000"]) == 0
+    argv = ["inspect", path, "--seq-len", "9000", "--no-transformers"]
+    assert cli.main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
-    assert cli.main(["inspect", path, "--seq-len", "9000"]) == 0
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out == hf.format_inspect(report) + "\n"
+    pytest.importorskip("transformers")
+    check = hf.transformers_differs(LLAMA_3_1)
+    assert cli.main(argv[:-1]) == 0
+    want = hf.format_inspect(report) + "\n" + hf.format_differs(check) + "\n"
+    assert capsys.readouterr().out == want
+    assert cli.main([*argv[:-1], "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both == {**json.loads(json.dumps(report)), "transformers_check": check["summary"],
+                    "transformers_differs": check["differs"]}  # fmt: skip
 
 
 def test_report_checks_seq_len():

@@ -254,6 +254,47 @@ def test_a_failed_build_warns_once_with_its_last_lines(monkeypatch, caplog):
     assert "'frobnicate'" in (cpu.unavailable_reason() or "")
 
 
+def _fresh_load(monkeypatch, reason: str) -> None:
+    """A new process's first load, where the op cannot be tried for ``reason``."""
+    monkeypatch.setattr(cpu, "_loaded", None)
+    monkeypatch.setattr(cpu, "_library", None)
+    monkeypatch.setattr(cpu, "_error", None)
+    monkeypatch.setattr(cpu, "prebuilt_path", lambda: None)
+    monkeypatch.setattr(cpu, "_jit_refusal", lambda: reason)
+
+
+def test_a_machine_that_cannot_build_says_so_in_its_first_process_only(
+    monkeypatch, caplog, tmp_path
+):
+    """make demo's five processes warned five times; the note in the build folder makes the
+    first one say it, and a changed reason (or a failed build) is said again."""
+    monkeypatch.setattr(cpu, "_build_folder", lambda name: str(tmp_path))
+
+    def warnings(reason: str, announce: bool = True) -> list[str]:
+        _fresh_load(monkeypatch, reason)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="posemb.kernels"):
+            assert cpu.load(announce=announce) is None and cpu.load() is None
+        return [r.getMessage() for r in caplog.records]
+
+    no_cc = "no C++ compiler (c++/g++) on PATH to build one"
+    assert warnings(no_cc, announce=False) == []  # posemb kernels --build says it itself
+    assert (tmp_path / cpu.NOTE).read_text() == f"no prebuilt op in this install; {no_cc}"
+    assert warnings(no_cc) == []  # a later process: already said
+    (tmp_path / cpu.NOTE).unlink()
+    assert len(warnings(no_cc)) == 1 and warnings(no_cc) == []
+    assert len(warnings("no ninja to build one")) == 1  # a new reason is news
+    failed = "building the op failed:\nrows.inc:1: error"
+    assert len(warnings(failed)) == 1 and len(warnings(failed)) == 1  # a fault, every time
+
+    def read_only(src, dst):
+        raise PermissionError(13, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(cpu.os, "replace", read_only)  # a cache it cannot write: warns each time
+    assert len(warnings("no ninja, again")) == 1 and len(warnings("no ninja, again")) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cpu.NOTE]  # no half-written note left
+
+
 def test_without_compiler_or_ninja_the_reason_names_the_fix(monkeypatch):
     monkeypatch.setattr(cpu.shutil, "which", lambda name: None)
     assert "no C++ compiler (c++/g++) on PATH" in (cpu._jit_refusal() or "")
@@ -497,10 +538,14 @@ def test_ninja_is_found_the_way_torch_finds_it(monkeypatch, tmp_path):
 def test_kernels_build_if_possible_says_why_once_and_goes_on(monkeypatch, capsys):
     from posemb import cli
 
-    monkeypatch.setattr(cpu, "load", lambda verbose=False: None)
+    announced = []
+    monkeypatch.setattr(
+        cpu, "load", lambda verbose=False, announce=True: announced.append(announce)
+    )
     monkeypatch.setattr(cpu, "unavailable_reason", lambda: "no C++ compiler (injected)")
     assert cli.main(["kernels", "--build"]) == 1
     capsys.readouterr()
     assert cli.main(["kernels", "--build", "--if-possible"]) == 0
     err = capsys.readouterr().err
     assert err.count("no C++ compiler (injected)") == 1 and "reference rotation" in err
+    assert announced == [False, False]  # the command says it; the op's own warning would repeat it

@@ -20,6 +20,10 @@ COVERED_ELSEWHERE = {
     "lab/__init__.py": "re-exports: test_import.py",
     "hf/__init__.py": "re-exports: test_import.py",
     "hf/spec.py": "the RopeSpec records, read and checked through test_hf_config.py",
+    "hf/upstream.py": (
+        "transformers' reading of a config: test_hf_doctor.py, and every hf test that compares "
+        "with transformers through hf_reference.py"
+    ),
     # Covered by the test of the module that is their door.
     "_checks.py": "argument checks, through every door they guard: test_errors.py, test_fuzz.py",
     "_io.py": "atomic writes, through the commands that write them: test_hf_convert.py, ...",
@@ -79,6 +83,7 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_docs.py",  # the README and the documentation site
         "test_tree.py",
         "test_wheel.py",  # the wheel, installed where no compiler is
+        "test_front_door.py",  # the README's install lines and make demo, as a newcomer runs them
         "test_hf_configs_data.py",  # tests/data/hf_configs
         "test_hf_real_configs.py",  # published configs against transformers
         "test_hf_patch_models.py",  # patch_rotary on real model families

@@ -23,6 +23,7 @@ import zipfile
 import pytest
 
 import posemb
+from test_front_door import build_script, readme_install_lines
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -40,43 +41,16 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return done
 
 
-def _source_copy(dest: pathlib.Path) -> pathlib.Path:
-    """The checkout's files (tracked, or new and not ignored) copied to ``dest``: the build
-    then sees what a clone would, and writes its build/ and egg-info there."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if listed.returncode != 0:
-        pytest.skip("needs a git checkout to know which files are the project's")
-    for name in filter(None, listed.stdout.split("\0")):
-        src = ROOT / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    return dest
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, pathlib.Path | float]:
-    """The wheel and the sdist, built from a copy of the checkout against this torch."""
-    base = tmp_path_factory.mktemp("build")
-    src = _source_copy(base / "src")
-    out = base / "dist"
-    env = {**os.environ, "POSEMB_BUILD_OP": "1"}
+    """The repaired wheel and the sdist, as ``make wheel`` builds them, against this torch."""
+    script = build_script()
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("make wheel builds from a git checkout (it copies the files a clone holds)")
+    out = tmp_path_factory.mktemp("dist")
     started = time.perf_counter()
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(src)],
-        env=env,
-    )  # fmt: skip
-    wheel_s = time.perf_counter() - started
-    _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(out), str(src)])
-    (wheel,) = out.glob("*.whl")
-    (sdist,) = out.glob("*.tar.gz")
-    return {"wheel": wheel, "sdist": sdist, "wheel_build_s": wheel_s}
+    made = script.build(out)
+    return {**made, "wheel_build_s": time.perf_counter() - started}
 
 
 def test_the_wheel_is_one_platform_wheel_for_every_cpython_with_the_op_inside(built):
@@ -87,16 +61,75 @@ def test_the_wheel_is_one_platform_wheel_for_every_cpython_with_the_op_inside(bu
     assert (py, abi) == ("cp310", "abi3") and plat != "any"
     names = zipfile.ZipFile(wheel).namelist()
     compiled = [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
-    assert compiled == ["posemb/_C.abi3.so"]
+    assert compiled == ["posemb/_C.abi3.so"]  # nothing grafted: torch's libraries stay torch's
     assert "posemb/_C.json" in names and "posemb/py.typed" in names
     assert f"posemb-{version}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
     meta = zipfile.ZipFile(wheel).read(f"posemb-{version}.dist-info/METADATA").decode()
-    assert "License-Expression: MIT" in meta and "Requires-Dist: torch>=2.6" in meta
+    assert "Requires-Dist: torch>=2.6" in meta and "Requires-Dist: numpy>=" in meta
     assert "Requires-Dist: ninja" not in meta.split("Provides-Extra")[0]  # only in [jit]
     assert "Classifier: Typing :: Typed" in meta
     # W002 (duplicate files): two vendored Vega packages ship the same licence text.
     _run([sys.executable, "-m", "check_wheel_contents", "--ignore", "W002", str(wheel)])
+
+
+def test_the_wheel_has_the_lowest_manylinux_tag_its_symbols_allow(built):
+    """auditwheel's own reading of the repaired wheel names the tag in its file name, and that
+    tag is no higher than torch's own (manylinux_2_28): the op never narrows where torch runs.
+    glibc's __libc_single_threaded (2.32) alone had lifted it to 2_34."""
+    wheel = built["wheel"]
+    assert isinstance(wheel, pathlib.Path)
+    plat = wheel.stem.split("-")[-1]
+    shown = build_script().manylinux_tag(wheel)
+    assert plat == shown, (plat, shown)
+    assert int(plat.split("_")[2]) <= 28, plat
+    assert wheel.stem.endswith("-cp310-abi3-" + plat)
+
+
+def test_the_licence_metadata_names_every_licence_the_wheel_ships(built):
+    """posemb's MIT and the vendored page runtime's licences (VERSIONS.json), each file in the
+    wheel's licences folder."""
+    wheel = built["wheel"]
+    assert isinstance(wheel, pathlib.Path)
+    names = zipfile.ZipFile(wheel).namelist()
+    info = f"posemb-{posemb.__version__}.dist-info"
+    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    (expression,) = re.findall(r"^License-Expression: (.+)$", meta, re.M)
+    vendor = ROOT / "src" / "posemb" / "lesson" / "vendor"
+    listed = json.loads((vendor / "VERSIONS.json").read_text())
+
+    def licences(entry: dict) -> set[str]:
+        return {entry["license"]}.union(*(licences(b) for b in entry.get("bundles", [])))
+
+    wanted = {"MIT"}.union(*(licences(pkg) for pkg in listed["packages"]))
+    assert set(expression.split(" AND ")) == wanted, (expression, wanted)
+    for path in vendor.rglob("LICENSE"):
+        rel = path.relative_to(ROOT).as_posix()
+        assert f"{info}/licenses/{rel}" in names, rel
+
+
+def test_the_extras_floors_and_bounds(built):
+    """Each extra installs what its feature needs, at versions that work: matplotlib 3.7.0
+    crashes on import with numpy 2; triton past the tested minor is kept out."""
+    wheel = built["wheel"]
+    assert isinstance(wheel, pathlib.Path)
+    meta = zipfile.ZipFile(wheel).read(f"posemb-{posemb.__version__}.dist-info/METADATA")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    requires = [Requirement(r) for r in re.findall(r"^Requires-Dist: (.+)$", meta.decode(), re.M)]
+
+    def named(name: str) -> list[Requirement]:
+        return [r for r in requires if r.name == name]
+
+    matplotlib = named("matplotlib")
+    assert matplotlib and all(not r.specifier.contains("3.8.4") for r in matplotlib), matplotlib
+    assert all(r.specifier.contains("3.9.0") for r in matplotlib), matplotlib
+    triton = named("triton")
+    assert triton and all(r.specifier.contains("3.7.1") for r in triton), triton
+    assert not any(r.specifier.contains("3.9.0") for r in triton), triton
+    numpy = [r for r in named("numpy") if r.marker is None]  # the base install's, no extra
+    assert numpy and numpy[0].specifier.contains(str(Version("2.4.6"))), requires
 
 
 def test_the_wheels_library_uses_only_the_stable_abi(built, tmp_path):
@@ -115,7 +148,9 @@ def test_the_sdist_has_the_sources_and_no_build_outputs(built):
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
     for needed in ("setup.py", "pyproject.toml", "LICENSE", "CHANGELOG.md", "CITATION.cff",
                    "src/posemb/kernels/csrc/rope.h", "src/posemb/kernels/csrc/rows.inc",
-                   "src/posemb/kernels/csrc/ops.cpp", "tests/test_kernels.py"):  # fmt: skip
+                   "src/posemb/kernels/csrc/ops.cpp", "tests/test_kernels.py",
+                   "mkdocs.yml", "docs/index.md", "docs/lab/results.json",
+                   "scripts/build_docs.py"):  # fmt: skip
         assert needed in names, needed
     junk = [
         n
@@ -127,28 +162,79 @@ def test_the_sdist_has_the_sources_and_no_build_outputs(built):
     assert junk == []
 
 
+def test_the_sdists_shipped_tests_find_what_they_read(built, tmp_path):
+    """The tests that read the project's files (the README, docs/, scripts/, the lab's results)
+    pass from the unpacked sdist, as a packager runs them (the site build is left out: it is
+    the same build, two minutes; the wheel tests need a git checkout and skip)."""
+    sdist = built["sdist"]
+    assert isinstance(sdist, pathlib.Path)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (unpacked,) = tmp_path.iterdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_docs.py", "tests/test_lab_report.py", "tests/test_tree.py",
+         "-k", "not site and not cli_page and not make_docs"],
+        cwd=unpacked, capture_output=True, text=True,
+    )  # fmt: skip
+    tail = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0 and "passed" in tail, done.stdout[-3000:]
+
+
+def test_an_isolated_build_of_the_sdist_fails_loudly(built, fresh_env):
+    """pip's default isolation hides torch from the build: it used to give a wheel without the
+    op, saying so only under -v. Now the build stops, and pip shows why without -v."""
+    done = subprocess.run(
+        [str(fresh_env["python"]), "-m", "pip", "install", "--no-deps", "-q",
+         "--disable-pip-version-check", str(built["sdist"])],
+        capture_output=True, text=True, env=fresh_env["env"], cwd=fresh_env["base"],
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-3000:]
+    assert "torch cannot be imported in this build environment" in said, said[-3000:]
+    assert "--no-build-isolation" in said
+
+
 @pytest.fixture(scope="module")
 def fresh_env(built, tmp_path_factory) -> dict[str, object]:
-    """A new virtual environment with the wheel (and the pinned torch, pytest, hypothesis)
-    installed, and an environment for it with nothing on PATH but its own bin/: no compiler,
-    no ninja."""
+    """A new virtual environment where the README's wheel line installed the wheel (and then
+    pytest and hypothesis), and an environment for it with nothing on PATH but its own bin/:
+    no compiler, no ninja."""
     base = tmp_path_factory.mktemp("user")
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
-    started = time.perf_counter()
-    _run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         "-c", str(ROOT / "constraints.txt"), str(built["wheel"]), "pytest", "hypothesis"],
-    )  # fmt: skip
-    install_s = time.perf_counter() - started
     env = {
         "PATH": str(venv / "bin"),
         "HOME": str(base),
         "TORCH_EXTENSIONS_DIR": str(base / "torch_extensions"),  # empty: nothing to reuse
         "LANG": "C.UTF-8",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
+    # The line after `make wheel &&` (the `built` fixture ran what make wheel runs), verbatim,
+    # where a user would run it: a checkout holding constraints.txt and dist/.
+    (line,) = [ln for ln in readme_install_lines() if ".whl" in ln]
+    command = line.split("&&", 1)[1].strip()
+    (base / "dist").mkdir()
+    shutil.copy2(built["wheel"], base / "dist")
+    shutil.copy2(ROOT / "constraints.txt", base)
+    started = time.perf_counter()
+    _run(["/bin/sh", "-c", command], env=env, cwd=base)
+    install_s = time.perf_counter() - started
+    _run([str(py), "-m", "pip", "install", "-q", "-c", "constraints.txt", "pytest", "hypothesis"],
+         env=env, cwd=base)  # fmt: skip
     return {"python": py, "venv": venv, "env": env, "base": base, "install_s": install_s}
+
+
+def test_the_base_install_prints_nothing(fresh_env):
+    """No "Failed to initialize NumPy" from torch (numpy is declared), no notice of a build."""
+    env, venv = fresh_env["env"], fresh_env["venv"]
+    done = _run([str(venv / "bin" / "posemb"), "--version"], env=env)
+    assert done.stderr == "" and done.stdout.strip().endswith(posemb.__version__), done
+    x = "torch.ones(1, 1, 2, 8)"
+    code = f"import posemb, torch; posemb.RotaryEmbedding(8)({x}, {x})"
+    done = _run([str(fresh_env["python"]), "-c", code], env=env)
+    assert done.stdout == "" and done.stderr == "", done.stderr
 
 
 def test_the_new_environment_has_no_compiler_and_no_ninja(fresh_env):

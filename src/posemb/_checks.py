@@ -295,6 +295,49 @@ def head_width(name: str, value: int, what: str = "") -> int:
     return value
 
 
+MAX_LAYERS = 1 << 16
+MAX_HEADS = 1 << 20
+# The counts and lengths a config sizes things by, and the most posemb accepts of each: far past
+# any published model (126 layers, 128 heads, 10M positions), and small enough that nothing
+# built from them (a list per layer, transformers' config class looping over the layers, a
+# table per position) runs for minutes or allocates gigabytes before it is refused.
+_LAYER_KEYS = ("num_hidden_layers", "n_layers", "num_layers", "depth", "max_window_layers")
+_HEAD_KEYS = ("num_attention_heads", "num_key_value_heads", "n_heads", "n_kv_heads", "num_heads")
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "original_max_position_embeddings",
+    "sliding_window",
+    "attention_chunk_size",
+)
+CONFIG_SIZES = {
+    **dict.fromkeys(_LAYER_KEYS, MAX_LAYERS),
+    **dict.fromkeys(_HEAD_KEYS, MAX_HEADS),
+    **dict.fromkeys(_LENGTH_KEYS, POSITION_LIMIT),
+}
+
+
+def config_sizes(d: object, where: str = "") -> None:
+    """Refuse, in a config dict and every dict nested in it, a count or length of
+    :data:`CONFIG_SIZES` above its bound, naming the key, the value and the bound. Other
+    types are left to the readers, which say what they expect."""
+    if not isinstance(d, dict):
+        return
+    for key, value in d.items():
+        name = f"{where}.{key}" if where else str(key)
+        if isinstance(value, dict):
+            config_sizes(value, name)
+            continue
+        bound = CONFIG_SIZES.get(key)
+        if bound is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if value > bound:  # a NaN compares false: the readers refuse it by name
+            shown = value if isinstance(value, int) else f"{value:g}"
+            raise InputError(
+                f"{name} is {shown}, past the most posemb accepts ({bound:,} = 2^"
+                f"{bound.bit_length() - 1}); no published model comes near it"
+            )
+
+
 def rotary_dims(head_dim: object, rotary_dim: object) -> tuple[int, int]:
     """``(head_dim, rotary_dim)`` checked: a positive head, an even rotary part within it
     (``rotary_dim`` None means the whole head), at most :data:`MAX_HEAD_DIM` wide."""

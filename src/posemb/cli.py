@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._errors import InputError
+from ._version import __version__
 
 
 def _verdict_note(row: dict[str, object]) -> str:
@@ -127,17 +128,31 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _refuse_unused(
             "--vision reads the vision tower's preset",
             {"--seq-len": args.seq_len is not None, "--layer-type": args.layer_type is not None,
-             "--lenient": args.lenient},
+             "--lenient": args.lenient, "--no-transformers": args.no_transformers},
         )  # fmt: skip
         vision = hf.vision_report(config)
         print(json.dumps(vision, indent=2) if args.json else hf.format_vision(vision))
         return 0
     if args.layer_type is None:
         model = hf.inspect_model(config, args.seq_len, strict=strict)
-        print(json.dumps(model, indent=2) if args.json else hf.format_model(model))
-        return 0
-    report = hf.inspect_report(config, args.seq_len, args.layer_type, strict=strict)
-    print(json.dumps(report, indent=2) if args.json else hf.format_inspect(report))
+        text = "" if args.json else hf.format_model(model)
+    else:
+        model = hf.inspect_report(config, args.seq_len, args.layer_type, strict=strict)
+        text = "" if args.json else hf.format_inspect(model)
+    # posemb's reading first: a config it refuses (absurd sizes) never reaches transformers.
+    if args.no_transformers:
+        check = None
+    else:
+        check = hf.transformers_differs(config, strict=strict)
+        if args.layer_type is not None and check["differs"]:
+            wanted = (None, args.layer_type)
+            check["differs"] = [d for d in check["differs"] if d["layer_type"] in wanted]
+    if args.json:
+        extra = {} if check is None else {"transformers_check": check["summary"],
+                                          "transformers_differs": check["differs"]}  # fmt: skip
+        print(json.dumps({**model, **extra}, indent=2))
+    else:
+        print(text if check is None else text + "\n" + hf.format_differs(check))
     return 0
 
 
@@ -234,7 +249,8 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
 
     if args.if_possible and not args.build:
         raise InputError("--if-possible goes with --build")
-    if args.build and cpu.load(verbose=args.verbose) is None:
+    # --build says why itself: the op's own warning would be the same line twice.
+    if args.build and cpu.load(verbose=args.verbose, announce=False) is None:
         reason = cpu.unavailable_reason()
         if args.if_possible:
             print(f"posemb kernels: no fused CPU op here ({reason}); posemb runs the reference "
@@ -433,6 +449,13 @@ def _add_inspect(sub: Any) -> None:
         action="store_true",
         help="the vision tower's RoPE instead: its axial preset, head_dim and base",
     )
+    inspect.add_argument(
+        "--no-transformers",
+        action="store_true",
+        help="skip the comparison with the installed transformers' reading of the config "
+        "(by default a section, or transformers_differs in --json, names each layer kind "
+        "transformers reads differently from the file, or says that it cannot read it)",
+    )
     inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
 
@@ -600,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="posemb",
         description="Positional encodings for transformers: checked claims, tables, tools.",
     )
+    parser.add_argument("--version", action="version", version=f"posemb {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_verify(sub)

@@ -496,6 +496,13 @@ class LongRope(RopeScaling):
         _number("LongRope", "factor", self.factor, minimum=1.0)
         if self.attention_factor is not None:
             _number("LongRope", "attention_factor", self.attention_factor, minimum=0.0, strict=True)
+        elif self.factor > 1 and self.original_max_position_embeddings < 2:
+            # The default factor divides by ln L: a context of one token has none.
+            raise InputError(
+                "LongRope.original_max_position_embeddings must be at least 2 for the default "
+                f"attention factor sqrt(1 + ln s / ln L), got "
+                f"{self.original_max_position_embeddings}; give attention_factor to use L = 1"
+            )
 
     def length_key(self, seq_len: int | None) -> Hashable:
         return seq_len is not None and seq_len > self.original_max_position_embeddings

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from torch import nn
 
 from .._errors import InputError
 from .._extras import require
-from .kernels import Row, machine
+from .kernels import MACHINE_FIELDS, Row, describe_machine, machine
 
 PARTS = ("decoder layer", "model", "rotation")
 METHODS = ("eager", "patch_rotary", "patch_rotary fused", "liger")
@@ -84,6 +85,15 @@ class HFRow:
     transformers: str
     posemb: str
     timestamp: str
+    cpu_op: str | None = None
+    """Where the CPU op came from and its variant (what ``patch_rotary fused`` ran)."""
+    arch: str | None = None
+    python: str | None = None
+    rotary_embedding_torch: str | None = None
+    triton: str | None = None
+    liger_kernel: str | None = None
+    flash_attn: str | None = None
+    absent: str = ""
 
 
 def _config(setup: Setup) -> Any:
@@ -356,8 +366,7 @@ def summary(rows: list[HFRow]) -> str:
         return "no measurements"
     r0 = rows[0]
     lines = [
-        f"posemb bench --hf: Llama {r0.setup}, {r0.dtype}, {r0.device} ({r0.device_name}), "
-        f"{r0.threads} threads, torch {r0.torch}, transformers {r0.transformers}, {r0.timestamp}",
+        f"posemb bench --hf: Llama {r0.setup}, {r0.dtype}, {describe_machine(r0)}",
         f"{'part':14} {'mode':16} {'method':20} {'median ms':>10} {'p20-p80 ms':>17} "
         f"{'vs eager':>9} {'rotation share':>14}",
     ]
@@ -375,7 +384,17 @@ def is_bench_csv(data: bytes) -> bool:
     """Whether a file's bytes are an earlier ``posemb bench --out`` CSV (of either kind): its
     first line is the header :func:`posemb.bench.kernels.write_csv` writes for them."""
     first = data.split(b"\n", 1)[0].rstrip(b"\r")
-    headers = {",".join(cls.__dataclass_fields__).encode() for cls in (Row, HFRow)}
+    # Each kind's header now, and before the machine's columns (for --hf, with cpu_op and
+    # triton) were added at its end.
+    added: dict[type, tuple[str, ...]] = {
+        Row: MACHINE_FIELDS,
+        HFRow: (*MACHINE_FIELDS, "cpu_op", "triton"),
+    }
+    headers = set()
+    for cls, new in added.items():
+        fields = [f.name for f in dataclasses.fields(cls)]
+        headers.add(",".join(fields).encode())
+        headers.add(",".join(f for f in fields if f not in new).encode())
     return first in headers
 
 

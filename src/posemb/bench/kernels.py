@@ -76,6 +76,27 @@ class Row:
     timestamp: str
     cpu_op: str | None = None
     """Where the CPU op came from and its instruction-set variant, e.g. ``"wheel avx2"``."""
+    arch: str | None = None
+    python: str | None = None
+    rotary_embedding_torch: str | None = None
+    liger_kernel: str | None = None
+    flash_attn: str | None = None
+    absent: str = ""
+    """The peer libraries not installed in this run (so their methods have no rows)."""
+
+
+# The columns added in 0.2 (the machine in full): a CSV written before them has none of them.
+MACHINE_FIELDS = (
+    "arch", "python", "rotary_embedding_torch", "liger_kernel", "flash_attn", "absent"
+)  # fmt: skip
+# The peers a run compares with, by distribution name; None where not installed.
+PEERS = {
+    "transformers": "transformers",
+    "rotary_embedding_torch": "rotary-embedding-torch",
+    "triton": "triton",
+    "liger_kernel": "liger-kernel",
+    "flash_attn": "flash-attn",
+}
 
 
 def _sync(device: torch.device) -> None:
@@ -139,20 +160,61 @@ def _version(name: str) -> str | None:
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere): ``x86_64``
+    alone said nothing about which machine a time came from."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "cpu model")):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpu_op() -> str | None:
+    from ..kernels import cpu
+
+    loaded = cpu.load()
+    return f"{loaded.source} {loaded.variant}" if loaded else None
+
+
 def machine(dev: torch.device) -> dict[str, Any]:
-    """Where and when a benchmark ran: device, its name, threads, versions, a UTC timestamp
-    (shared by ``posemb bench`` and ``posemb bench --hf``)."""
+    """Where and when a benchmark ran: the device and its model name, architecture, Python,
+    threads, the CPU op's source, the versions of torch, posemb and each peer (None and listed
+    in ``absent`` where not installed), a UTC timestamp (shared by ``posemb bench`` and
+    ``posemb bench --hf``)."""
+    peers = {field: _version(dist) for field, dist in PEERS.items()}
     return {
         "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "posemb": __version__,
-        "transformers": _version("transformers"),
+        **peers,
+        "absent": " ".join(PEERS[f] for f, v in peers.items() if v is None),
+        "cpu_op": _cpu_op() if dev.type == "cpu" else None,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def describe_machine(r: Any) -> str:
+    """One line naming a run's machine and libraries, from any of its rows."""
+    libs = ", ".join(
+        f"{dist} {getattr(r, f)}" for f, dist in PEERS.items() if getattr(r, f, None) is not None
+    )
+    line = (
+        f"{r.device} ({r.device_name}, {r.arch}), {r.threads} threads, Python {r.python}, "
+        f"torch {r.torch}, posemb {r.posemb}" + (f", {libs}" if libs else "")
+    )
+    if r.cpu_op:
+        line += f", CPU op: {r.cpu_op}"
+    if r.absent:
+        line += f"; not installed: {r.absent}"
+    return f"{line}; {r.timestamp}"
 
 
 def _methods(
@@ -281,15 +343,13 @@ def run(
             raise InputError(f"unknown shape {n!r}; known: {', '.join(table)}")
     reps = repeats or (2 if quick else (5 if dev.type == "cpu" else 50))
     one_off: dict[str, float] = {}
-    cpu_op = None
     if dev.type == "cpu":
         t0 = time.perf_counter()
         from ..kernels import cpu
 
-        loaded = cpu.load()
+        cpu.load()
         one_off["cpu_kernel_load_s"] = time.perf_counter() - t0
-        cpu_op = f"{loaded.source} {loaded.variant}" if loaded else None
-    meta = {**machine(dev), "triton": _version("triton"), "cpu_op": cpu_op}
+    meta = machine(dev)
     rows: list[Row] = []
     for shape_name in names:
         for dtype_name in DTYPES:
@@ -518,10 +578,7 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
     if not rows:
         return "no measurements"
     r0 = rows[0]
-    lines = [
-        f"posemb bench: {r0.device} ({r0.device_name}), {r0.threads} threads, torch {r0.torch}, "
-        f"{r0.timestamp}" + (f", CPU op: {r0.cpu_op}" if r0.cpu_op else ""),
-    ]
+    lines = [f"posemb bench: {describe_machine(r0)}"]
     lines += [f"one-off: {k} = {v:.2f}" for k, v in one_off.items()]
     lines.append(
         f"{'shape':8} {'dtype':5} {'mode':8} {'method':30} {'median ms':>10} {'GB/s':>7} "
@@ -541,4 +598,15 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODES", "QUICK_SHAPES", "SHAPES", "Row", "machine", "run", "summary", "write_csv"]
+__all__ = [
+    "MODES",
+    "QUICK_SHAPES",
+    "SHAPES",
+    "Row",
+    "cpu_model",
+    "describe_machine",
+    "machine",
+    "run",
+    "summary",
+    "write_csv",
+]

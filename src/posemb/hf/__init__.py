@@ -15,9 +15,13 @@ One module per job, every public name re-exported here (``from posemb import hf`
 - :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict, a
   safetensors file or a sharded checkpoint (:func:`convert_sharded`).
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
+- :mod:`posemb.hf.doctor`: :func:`transformers_differs`, where the installed ``transformers``
+  reads a config differently from the file (or cannot read it), through
+  :mod:`posemb.hf.upstream` (what transformers makes of a config).
 
 ``transformers`` is imported only to fill a key that a published config leaves to its model
-class's default (``model_rope`` says so in the spec's notes); tests compare against it.
+class's default (``model_rope`` says so in the spec's notes) and to compare its reading with
+the file's (``transformers_differs``); tests compare against it.
 
 Where posemb deliberately differs from ``transformers`` (5.24) or vLLM, and why:
 
@@ -102,6 +106,7 @@ from .config import (
     rotary_from_config,
 )
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout, convert_sharded
+from .doctor import Difference, TransformersCheck, format_differs, transformers_differs
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
 from .patch import HFRotaryEmbedding, patch_rotary, unpatch_rotary
@@ -115,16 +120,19 @@ __all__ = [
     "ROPE_KEYS",
     "ROPE_TYPES",
     "AttentionShape",
+    "Difference",
     "Family",
     "HFRotaryEmbedding",
     "LayerKind",
     "ModelRope",
     "RopeSpec",
+    "TransformersCheck",
     "VisionReport",
     "attention_shape",
     "convert_checkpoint",
     "convert_qk_layout",
     "convert_sharded",
+    "format_differs",
     "format_inspect",
     "format_model",
     "format_vision",
@@ -139,6 +147,7 @@ __all__ = [
     "rope_spec",
     "rotary_from_config",
     "schedule_changes",
+    "transformers_differs",
     "unpatch_rotary",
     "vision_report",
     "vision_rotary_from_config",

@@ -24,7 +24,7 @@ from .. import temperature as _temperature
 from .._errors import InputError
 from ..rope import RotaryEmbedding
 from ..temperature import QueryTemperature
-from . import rope_types
+from . import rope_types, upstream
 from .families import Family, family_for
 from .kind import Missing, check_keys, read_kind
 from .rope_types import ROPE_KEYS, ROPE_TYPES
@@ -47,13 +47,19 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
 
 
 def _as_dict(config: object) -> dict[str, object]:
+    """The config as a dict of its own, its counts and lengths checked (the door every reader
+    goes through: absurd sizes are refused before anything is built from them)."""
     # A deep copy: reading (and transformers, when it fills defaults) must never change the
     # caller's dict.
     if isinstance(config, Mapping):
-        return copy.deepcopy(dict(config))
+        d = copy.deepcopy(dict(config))
+        _checks.config_sizes(d)
+        return d
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
-        return copy.deepcopy(dict(to_dict()))
+        d = copy.deepcopy(dict(to_dict()))
+        _checks.config_sizes(d)
+        return d
     raise InputError(
         "config must be a transformers config or a dict from config.json, "
         f"got {type(config).__name__}"
@@ -342,26 +348,18 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} has no "
             f"config class for model_type {outer_type!r} to read its default from"
         )
-    # transformers logs its own validation warnings while building the config; posemb reports
-    # what matters in the spec's notes, so they are silenced for this one call.
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
     # Keys that say nothing about RoPE are left out: a bad one (a torch_dtype of 1e308) made
     # the class raise IndexError converting it back to a string.
-    kept = {k: v for k, v in d.items() if k != "model_type" and k not in _NOT_ROPE_KEYS}
+    kept = {k: v for k, v in d.items() if k not in _NOT_ROPE_KEYS}
     try:
-        cfg = transformers.AutoConfig.for_model(outer_type, **copy.deepcopy(kept))
-        text = cfg.get_text_config(decoder=True)
-        out: dict[str, object] = dict(text.to_dict())
+        text = upstream.text_config(kept)
+        with upstream.quiet(transformers):
+            out: dict[str, object] = dict(text.to_dict())
     except Exception as err:  # transformers refused the dict: said in one line, chained
-        said = " ".join(str(err).split())
-        said = said if len(said) <= 300 else said[:297] + "..."
         raise InputError(
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} cannot "
-            f"build its config to read the default ({type(err).__name__}: {said})"
+            f"build its config to read the default ({upstream.one_line(err)})"
         ) from err
-    finally:
-        transformers.logging.set_verbosity(verbosity)
     out["__resolved_from__"] = type(text).__name__
     return out
 

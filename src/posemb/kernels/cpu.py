@@ -292,11 +292,44 @@ def _find(verbose: bool) -> _Library | None:
     return None
 
 
-def load(verbose: bool = False) -> Loaded | None:
+NOTE = "posemb-unavailable.txt"  # in torch's build folder: the reason last announced
+
+
+def _announce(reason: str, announce: bool) -> None:
+    """Warn why the reference runs, once per machine where the op cannot even be tried.
+
+    A machine with no compiler or no ninja stays that way from one process to the next, and
+    ``make demo`` runs five posemb processes: each used to warn. The first process to find a
+    reason writes it to ``NOTE`` in torch's build folder; a later one that finds the same
+    reason there logs it at DEBUG. A failed build is never quieted (it is a fault to report),
+    and ``posemb kernels`` always says the reason. ``announce=False``: the caller says it."""
+    folder = _build_folder(JIT_NAME)
+    note = pathlib.Path(folder) / NOTE if folder else None
+    try:
+        said = note is not None and note.read_text(encoding="utf-8") == reason
+    except (OSError, UnicodeDecodeError):
+        said = False
+    failed = reason.startswith("building the op failed") or "; building the op failed" in reason
+    if announce and (failed or not said):
+        logger.warning("posemb: fused CPU RoPE unavailable (%s); using the reference", reason)
+    else:
+        logger.debug("posemb: fused CPU RoPE unavailable (%s); using the reference", reason)
+    if note is not None and not said and not failed:
+        tmp = note.with_name(f".{NOTE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(reason, encoding="utf-8")
+            os.replace(tmp, note)
+        except OSError:  # a read-only cache: every process warns, as before
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+
+def load(verbose: bool = False, announce: bool = True) -> Loaded | None:
     """Load the op (building it first in a source checkout); None if it cannot be had.
 
-    The first failure is logged once at WARNING with its reason; later calls return None.
-    Raises ``ValueError`` for a ``POSEMB_CPU_VARIANT`` that is unknown or cannot run here.
+    The first failure is logged once at WARNING with its reason (once per machine where the op
+    cannot be tried, see :func:`_announce`; never with ``announce=False``); later calls return
+    None. Raises ``ValueError`` for a ``POSEMB_CPU_VARIANT`` that is unknown or cannot run here.
     """
     global _loaded, _library
     if _loaded is not None or _error is not None:
@@ -307,9 +340,7 @@ def load(verbose: bool = False) -> Loaded | None:
         if _library is None:
             library = _find(verbose)
             if library is None:
-                logger.warning(
-                    "posemb: fused CPU RoPE unavailable (%s); using the reference", _error
-                )
+                _announce(str(_error), announce)
                 return None
             for hook in _on_load:
                 hook()

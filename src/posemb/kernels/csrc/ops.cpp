@@ -33,6 +33,16 @@
 #include <sys/mman.h>
 #endif
 
+#if defined(__GLIBC__) && __has_include(<sys/single_threaded.h>)
+// libstdc++ reads glibc's __libc_single_threaded (GLIBC_2.32) to skip atomic reference counts
+// in a process that has no threads. That one symbol alone lifted the wheel's manylinux tag from
+// 2_24 to 2_34, above torch's own 2_28. A hidden definition here answers the library's own
+// references with "threads may exist", so it always counts atomically: always correct, and what
+// glibc says anyway once torch has started its thread pool. The counts are the shared handles
+// inside torch::stable::Tensor, a few per call, never per row.
+extern "C" __attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
+#endif
+
 // Set by the build (posemb/kernels/build.py): what the library was compiled from and for.
 // Numbers, not strings: the JIT build passes flags through a shell, setuptools does not.
 #ifndef POSEMB_SOURCE_HASH

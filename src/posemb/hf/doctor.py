@@ -1,0 +1,254 @@
+"""Where the installed ``transformers`` reads a config differently from what the file says, or
+cannot read it: the "transformers reads this differently" part of ``posemb inspect``.
+
+posemb reads the file as written. For each layer kind, its frequencies and attention factor are
+compared with those of the rotary module transformers builds from the same dict
+(:mod:`posemb.hf.upstream`), so a misreading shows up without a rule written for it. A
+difference is then explained from transformers' standardized ``rope_parameters``: the first
+of ``rope_theta``, ``rope_type``, ``factor``, ``original_max_position_embeddings`` and the
+rotary width whose value differs from the file's; a difference none of them explains is
+reported on the frequencies themselves.
+
+Two found this way (transformers 5.24): OLMo 3's ``Olmo3Config`` gives its sliding-window
+layers a ``rope_theta`` of 500,000 whatever the file says, and Phi-3's config class cannot
+read the published ``"su"`` spelling of LongRoPE at all (a ``KeyError``).
+
+Nothing changes in what posemb reads: :func:`posemb.hf.rotary_from_config` keeps the file's
+values, and :func:`posemb.hf.patch_rotary` on a loaded model follows the model's own config
+object, which is transformers' reading, so a patched model computes what it computed before.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypedDict
+
+import torch
+
+from .. import _extras
+from .config import model_rope
+from .spec import RopeSpec
+from .upstream import (
+    Frequencies,
+    NoConfigClass,
+    frequencies,
+    one_line,
+    rope_parameters,
+    text_config,
+)
+
+# transformers computes inv_freq in float32: (ln(base) + 4) * 2^-24 relative at most (about 1e-6
+# for base 500,000); anything past 1e-5 is a different reading, not rounding.
+RTOL = 1e-5
+# Past this many positions some rotary modules (GPT-J's) would tabulate gigabytes: the module is
+# then not built, and the check says so.
+MAX_POSITIONS = 1 << 24
+CANNOT = "cannot read this config"
+
+
+class Difference(TypedDict):
+    """One place where transformers' reading differs from the file's."""
+
+    layer_type: str | None
+    key: str
+    config: object
+    transformers: object
+    why: str
+
+
+class TransformersCheck(TypedDict):
+    """The comparison with transformers, as ``posemb inspect --json`` prints it."""
+
+    transformers: str | None
+    summary: str
+    differs: list[Difference] | None
+
+
+def transformers_differs(config: dict[str, object], *, strict: bool = True) -> TransformersCheck:
+    """Compare posemb's reading of a ``config.json`` dict with the installed transformers'.
+
+    Args:
+        config: the file's dict (a transformers config object is transformers' reading
+            already: there is nothing to compare, and this raises ``TypeError``).
+        strict: as in :func:`posemb.hf.model_rope` (False: unknown rope keys only warn).
+
+    Returns:
+        ``transformers`` (its version, or None when it is not installed), ``summary`` (one
+        line), and ``differs``: one :class:`Difference` per layer kind read differently (an
+        empty list when every kind agrees; None when the check was skipped).
+    """
+    if not isinstance(config, dict):
+        raise TypeError("transformers_differs compares a config.json dict with transformers")
+    try:
+        import transformers
+    except ImportError as err:
+        if not _extras.is_missing(err, "transformers"):
+            raise
+        return {
+            "transformers": None,
+            "summary": "check skipped: transformers is not installed (pip install 'posemb[hf]')",
+            "differs": None,
+        }
+    version = transformers.__version__
+    m = model_rope(config, strict=strict)
+    if not isinstance(config.get("model_type"), str):
+        return {
+            "transformers": version,
+            "summary": "check skipped: the config names no model_type, which transformers "
+            "needs to pick its config class",
+            "differs": None,
+        }
+    try:
+        tf = text_config({k: v for k, v in config.items() if not k.startswith("__")})
+    except NoConfigClass as err:
+        return _cannot_read(config, version, str(err), on_model_type=True)
+    except Exception as err:  # transformers cannot build the config: say what it raised
+        return _cannot_read(config, version, f"transformers {version} raises {one_line(err)}")
+    max_pos = getattr(tf, "max_position_embeddings", None)
+    if isinstance(max_pos, int) and max_pos > MAX_POSITIONS:
+        return {
+            "transformers": version,
+            "summary": f"check skipped: max_position_embeddings {max_pos:,} is past "
+            f"{MAX_POSITIONS:,}, where some rotary modules of transformers tabulate each position",
+            "differs": None,
+        }
+    try:
+        cls, theirs = frequencies(tf)
+    except Exception as err:
+        said = f"transformers {version} fails building its rotary module: {one_line(err)}"
+        return _cannot_read(config, version, said)
+    if cls is None:
+        return {
+            "transformers": version,
+            "summary": f"check skipped: transformers {version} builds no rotary module for "
+            f"{type(tf).__name__} to compare with",
+            "differs": None,
+        }
+    differs = []
+    for kind in m.kinds:
+        if kind.spec is not None:
+            lt = kind.layer_type if m.per_layer_type else None
+            found = _compare(kind.spec, lt, tf, theirs, f"{cls} (transformers {version})")
+            differs += found
+    said = (
+        f"transformers {version} ({cls}) reads every layer kind as the file says"
+        if not differs
+        else f"transformers {version} ({cls}) reads {len(differs)} of {len(m.kinds)} layer "
+        f"kind(s) differently from the file"
+    )
+    return {"transformers": version, "summary": said, "differs": differs}
+
+
+def _cannot_read(
+    config: dict[str, object], version: str, error: str, on_model_type: bool = False
+) -> TransformersCheck:
+    """The one row of a config transformers cannot build: on its rope dict's type unless the
+    model type itself is unknown to it."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if not on_model_type and isinstance(rope, dict) and ("type" in rope or "rope_type" in rope):
+        key = "rope_scaling.type" if "type" in rope else "rope_scaling.rope_type"
+        value: object = rope.get("type", rope.get("rope_type"))
+    else:
+        key, value = "model_type", config.get("model_type")
+    row: Difference = {
+        "layer_type": None,
+        "key": key,
+        "config": value,
+        "transformers": CANNOT,
+        "why": f"{error}; posemb reads the file as written",
+    }
+    return {
+        "transformers": version,
+        "summary": f"transformers {version} cannot read this config",
+        "differs": [row],
+    }
+
+
+def _show(v: object) -> str:
+    """A value as a reader writes it: 500000, not 500000.0; strings quoted."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        return str(int(v))
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b), rel_tol=RTOL, abs_tol=0.0)
+    return a == b
+
+
+def _compare(
+    spec: RopeSpec, layer_type: str | None, tf: object, theirs: Frequencies, who: str
+) -> list[Difference]:
+    """The difference for one layer kind, or []: frequencies and attention factor first, then
+    the key of transformers' rope parameters that explains them."""
+    inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base)
+    inv = inv.to(torch.float64)
+    got = theirs.get(layer_type, theirs.get(None)) if layer_type is not None else theirs.get(None)
+    if got is None:
+        return []  # transformers builds no table for this kind: nothing to compare
+    t_inv, t_factor = got
+    same_shape = t_inv.shape == inv.shape
+    if same_shape and torch.allclose(t_inv, inv, rtol=RTOL, atol=0.0) and _close(t_factor, factor):
+        return []
+    params = rope_parameters(tf, layer_type)
+    where = "these layers" if layer_type is None else f"the {layer_type} layers"
+    return [_row(layer_type, *_explain(spec, params, inv, factor, t_inv, t_factor, who, where))]
+
+
+def _explain(
+    spec: RopeSpec,
+    params: dict[str, object],
+    inv: torch.Tensor,
+    factor: float,
+    t_inv: torch.Tensor,
+    t_factor: float,
+    who: str,
+    where: str,
+) -> tuple[str, object, object, str]:
+    """``(key, the file's value, transformers' value, why)`` for frequencies that differ."""
+    ours = {
+        "rope_theta": spec.base,
+        "rope_type": spec.rope_type,
+        "factor": getattr(spec.scaling, "factor", None),
+        "original_max_position_embeddings": spec.original_context,
+    }
+    for key, value in ours.items():
+        other = params.get(key)
+        if value is not None and other is not None and not _close(value, other):
+            why = f"{who} rotates {where} with {key} {_show(other)}, not {_show(value)}"
+            return key, value, other, why
+    if t_inv.shape != inv.shape:
+        width = 2 * t_inv.numel()
+        why = f"{who} rotates {width} channels of {where}, not {spec.rotary_dim}"
+        return "rotary_dim", spec.rotary_dim, width, why
+    if not _close(t_factor, factor):
+        why = f"{who} scales the attention of {where} by {t_factor:g}, not {factor:g}"
+        return "attention_factor", factor, t_factor, why
+    off = ((t_inv - inv).abs() > RTOL * inv.abs()).nonzero().flatten().tolist()
+    why = f"{who} computes {len(off)} of {inv.numel()} frequencies of {where} differently"
+    return f"inv_freq[{off[0]}]", float(inv[off[0]]), float(t_inv[off[0]]), why
+
+
+def _row(layer_type: str | None, key: str, config: object, tf: object, why: str) -> Difference:
+    plain = config.item() if isinstance(config, torch.Tensor) else config
+    return {"layer_type": layer_type, "key": key, "config": plain, "transformers": tf, "why": why}
+
+
+def format_differs(check: TransformersCheck) -> str:
+    """The text section of ``posemb inspect``: its summary, then one line per difference."""
+    lines = ["", "=== transformers reads this differently ===" if check["differs"] else "",
+             check["summary"]]  # fmt: skip
+    for d in check["differs"] or []:
+        where = d["layer_type"] or "every layer"
+        if d["transformers"] == CANNOT:
+            lines.append(f"{d['key']} {_show(d['config'])}: {d['why']}")
+            continue
+        lines.append(
+            f"{where}: {d['key']} is {_show(d['config'])} in the file, "
+            f"{_show(d['transformers'])} in transformers: {d['why']}"
+        )
+    return "\n".join(line for i, line in enumerate(lines) if line or i == 0)
+
+
+__all__ = ["Difference", "TransformersCheck", "format_differs", "transformers_differs"]
