@@ -10,8 +10,9 @@
    allow. torch's own libraries (libtorch_cpu.so, libc10.so) are excluded from grafting, as for
    every torch extension: the op loads into the torch that loaded it.
 
-Both files are then moved into the output folder (default ``dist``) one by one, each replacing
-a file of the same name only; nothing else there is touched.
+Both files are then moved into the output folder (default ``dist``) one by one; earlier posemb
+wheels and sdists there are removed (the README's ``pip install dist/posemb-*.whl`` must match
+one wheel), and nothing else there is touched.
 
 Usage: python scripts/build_wheel.py [OUT_DIR]
 """
@@ -28,7 +29,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
-TAG = re.compile(r'constrains the platform tag to "(manylinux_2_(\d+)_x86_64)"')
+TAG = re.compile(r'constrains the platform tag to "(manylinux_2_(\d+)_\w+)"')
 
 
 # Outside a git checkout (an unpacked sdist): what no clone holds, left out by name.
@@ -42,17 +43,25 @@ NOT_SOURCE_SUFFIXES = (".so", ".pyc", ".o", ".egg-info", ".tmp")
 def project_files(root: pathlib.Path = ROOT) -> list[str]:
     """The checkout's files a clone would have (tracked, or new and not ignored), relative.
     Outside git (an unpacked sdist), every file but build outputs, caches and environments."""
+    names = None
     try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=root,
-            capture_output=True,
-            text=True,
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True
         )
-        names = [n for n in listed.stdout.split("\0") if n] if listed.returncode == 0 else None
+        # Only the project's own checkout: an sdist unpacked inside another repository would
+        # be listed through that repository's index and .gitignore.
+        if top.returncode == 0 and pathlib.Path(top.stdout.strip()).resolve() == root.resolve():
+            listed = subprocess.run(
+                ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+            )
+            if listed.returncode == 0:
+                names = [n for n in listed.stdout.split("\0") if n]
     except FileNotFoundError:  # no git on this machine
-        names = None
-    if not names:  # not a checkout, or one git lists nothing of (an sdist inside a repo)
+        pass
+    if not names:  # not a checkout of its own (an unpacked sdist)
         names = [
             p.relative_to(root).as_posix()
             for p in root.rglob("*")
@@ -141,6 +150,11 @@ def build(out: pathlib.Path) -> dict[str, pathlib.Path]:
             shutil.copy2(path, staged)
             os.replace(staged, out / path.name)
             made[kind] = out / path.name
+        # Then earlier posemb builds there go: the README installs dist/posemb-*.whl, which
+        # pip refuses when it matches two wheels. Nothing else there is touched.
+        for earlier in [*out.glob("posemb-*.whl"), *out.glob("posemb-*.tar.gz")]:
+            if earlier.name not in (fixed.name, sdist.name):
+                earlier.unlink()
         return made
 
 

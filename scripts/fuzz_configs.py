@@ -34,9 +34,12 @@ SIZE_KEYS = (
     "hidden_size", "head_dim", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
     "max_position_embeddings", "original_max_position_embeddings", "sliding_window",
     "intermediate_size", "vocab_size", "rotary_dim", "qk_rope_head_dim", "n_heads", "dim",
-    "n_layers", "attention_chunk_size", "global_head_dim", "num_local_experts",
+    "n_layers", "attention_chunk_size", "global_head_dim", "num_local_experts", "n_positions",
+    "n_ctx", "n_layer", "n_head",
 )  # fmt: skip
-ABSURD = [1 << 31, 1 << 40, 1 << 53, (1 << 63) - 1, 1 << 64, 10**30, 1e300]
+# Past every bound, and between (2^20, 2^24: accepted lengths that a module tabulating every
+# position would turn into gigabytes).
+ABSURD = [1 << 20, 1 << 24, 1 << 31, 1 << 40, 1 << 53, (1 << 63) - 1, 1 << 64, 10**30, 1e300]
 
 
 def _paths(d: dict, prefix: tuple = ()) -> Iterator[tuple]:

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import pathlib
 
 import pytest
 import torch
@@ -39,7 +40,8 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
     for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps",
                 "python", "arch", "rotary_embedding_torch", "cpu_op"):  # fmt: skip
         assert rows[0][key] != "", key
-    assert rows[0]["device_name"] != rows[0]["arch"]  # the CPU's model, not "x86_64"
+    if "model name" in pathlib.Path("/proc/cpuinfo").read_text(errors="replace"):
+        assert rows[0]["device_name"] != rows[0]["arch"]  # the CPU's model, not "x86_64"
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -145,9 +145,71 @@ def test_the_file_is_read_before_transformers_sees_it(tmp_path, capsys, monkeypa
     assert called == [] and "hidden_size" in capsys.readouterr().err
 
 
-def test_a_context_too_long_to_tabulate_is_not_built():
-    check = hf.transformers_differs(_config(OLMO, max_position_embeddings=1 << 30))
-    assert check["differs"] is None and "check skipped" in check["summary"]
+def test_a_module_that_would_tabulate_gigabytes_is_not_built():
+    """GPT-J's rotary module tabulates every position: at 2^24 it would hold 4 GiB. It is sized
+    on the meta device first, and the check says why it stops; OLMo 3 at 2^30 positions keeps
+    only its frequencies and is compared as usual."""
+    gptj = _config("gptj__gpt-j-6b.json", n_positions=1 << 24)
+    check = hf.transformers_differs(gptj)
+    assert check["differs"] is None and "would hold 4.0 GiB" in check["summary"], check
+    assert hf.transformers_differs(_config(OLMO, max_position_embeddings=1 << 30))["differs"] == []
+
+
+def test_an_allocation_failure_is_a_failed_build_not_a_missing_module(monkeypatch):
+    def fail(config):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(doctor, "frequencies", fail)
+    check = hf.transformers_differs(_config(OLMO))
+    assert "fails building its rotary module: MemoryError" in check["differs"][0]["why"]
+
+
+def test_a_broken_transformers_install_is_a_skipped_check_not_a_traceback(monkeypatch, tmp_path):
+    broken = tmp_path / "transformers"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise RuntimeError('built for another torch')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "transformers" or n.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    check = hf.transformers_differs(_config(OLMO))
+    assert check["differs"] is None
+    assert (
+        "transformers fails to import (RuntimeError: built for another torch)" in check["summary"]
+    )
+
+
+def test_one_layer_type_is_compared_and_summed_up_alone():
+    d = _config(OLMO, rope_theta=10000)
+    full = hf.transformers_differs(d, layer_type="full_attention")
+    assert (
+        full["differs"] == []
+        and "reads layer kind full_attention as the file says" in (full["summary"])
+    )
+    sliding = hf.transformers_differs(d, layer_type="sliding_attention")
+    assert len(sliding["differs"]) == 1 and "1 of 1 layer kind" in sliding["summary"]
+
+
+def test_a_refusal_not_about_positions_is_laid_on_the_config_not_the_rope_type():
+    check = hf.transformers_differs(_config("llama__llama-3.1-8b-instruct.json", vocab_size="x"))
+    (row,) = check["differs"]
+    assert row["key"] == "config" and "vocab_size" in row["why"]
+    # Keys no rope formula reads are not handed over at all: a torch_dtype of 1e308 is fine.
+    odd = _config("llama__llama-3.1-8b-instruct.json", torch_dtype=1e308)
+    assert hf.transformers_differs(odd)["differs"] == []
+
+
+def test_the_shared_reading_of_transformers_matches_its_module_built_directly():
+    """hf.upstream serves the doctor and the tests' reference alike: pinned here against
+    LlamaRotaryEmbedding built by hand, so a bug there cannot move both unseen."""
+    from posemb.hf import upstream
+
+    d = _config("llama__llama-3.1-8b-instruct.json")
+    cfg = transformers.LlamaConfig(**{k: v for k, v in d.items() if k != "model_type"})
+    module = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config=cfg)
+    name, got = upstream.frequencies(upstream.text_config(d))
+    assert name == "LlamaRotaryEmbedding" and set(got) == {None}
+    assert torch.equal(got[None][0], module.inv_freq.double())
+    assert got[None][1] == module.attention_scaling
 
 
 def test_a_transformers_config_object_is_refused():

@@ -295,6 +295,36 @@ def test_a_machine_that_cannot_build_says_so_in_its_first_process_only(
     assert sorted(p.name for p in tmp_path.iterdir()) == [cpu.NOTE]  # no half-written note left
 
 
+def test_an_unwritable_cache_warns_and_falls_back_instead_of_raising(monkeypatch, caplog, tmp_path):
+    """The note's folder is torch's build folder, which torch creates: where it cannot (a
+    read-only image, HOME=/nonexistent) the first rotation raised NotADirectoryError."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(blocker / "below"))
+    _fresh_load(monkeypatch, "no C++ compiler (c++/g++) on PATH to build one")
+    with caplog.at_level(logging.WARNING, logger="posemb.kernels"):
+        assert cpu.load() is None
+    assert len(caplog.records) == 1
+
+
+def test_a_note_nobody_saw_or_a_day_old_one_is_said_again(monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(cpu, "_build_folder", lambda name: str(tmp_path))
+    reason = "no prebuilt op in this install; no ninja"
+    _fresh_load(monkeypatch, "no ninja")
+    with caplog.at_level(logging.ERROR, logger="posemb.kernels"):  # warnings not shown
+        assert cpu.load() is None
+    assert not (tmp_path / cpu.NOTE).exists()  # so no note: the next process warns
+    (tmp_path / cpu.NOTE).write_text(reason)
+    old = (tmp_path / cpu.NOTE).stat().st_mtime - cpu.NOTE_LIFETIME_S - 1
+    os.utime(tmp_path / cpu.NOTE, (old, old))
+    _fresh_load(monkeypatch, "no ninja")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="posemb.kernels"):
+        assert cpu.load() is None
+    assert len(caplog.records) == 1  # a stale note is said again, and renewed
+    assert time.time() - (tmp_path / cpu.NOTE).stat().st_mtime < 60
+
+
 def test_without_compiler_or_ninja_the_reason_names_the_fix(monkeypatch):
     monkeypatch.setattr(cpu.shutil, "which", lambda name: None)
     assert "no C++ compiler (c++/g++) on PATH" in (cpu._jit_refusal() or "")

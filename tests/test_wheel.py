@@ -9,6 +9,7 @@ first-call time measured there.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -84,6 +85,24 @@ def test_the_wheel_has_the_lowest_manylinux_tag_its_symbols_allow(built):
     assert plat == shown, (plat, shown)
     assert int(plat.split("_")[2]) <= 28, plat
     assert wheel.stem.endswith("-cp310-abi3-" + plat)
+    # The library itself imports nothing from glibc 2.32 or later (the reason 2_34 was shown).
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
+    with zipfile.ZipFile(wheel) as zf, zf.open("posemb/_C.abi3.so") as f:
+        elf = ELFFile(io.BytesIO(f.read()))
+        needed = {
+            aux.name
+            for section in elf.iter_sections()
+            if isinstance(section, GNUVerNeedSection)
+            for _, auxes in section.iter_versions()
+            for aux in auxes
+        }
+        dynsym = elf.get_section_by_name(".dynsym")
+        undefined = {s.name for s in dynsym.iter_symbols() if s["st_shndx"] == "SHN_UNDEF"}
+    glibc = [v for v in needed if v.startswith("GLIBC_")]
+    assert glibc and max(tuple(map(int, v[6:].split("."))) for v in glibc) <= (2, 28), needed
+    assert "__libc_single_threaded" not in undefined
 
 
 def test_the_licence_metadata_names_every_licence_the_wheel_ships(built):

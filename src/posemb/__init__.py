@@ -28,6 +28,7 @@ from .bias import (
     t5_relative_bucket,
 )
 from .cache import RotatedKVCache
+from .extension import DualChunk, ReRoPE, SelfExtend, extended_attention
 from .freqs import angles, cos_sin, inv_freq, wavelengths
 from .mrope import MRotaryEmbedding
 from .rope import (
@@ -45,6 +46,7 @@ __all__ = [
     "AlibiBias",
     "AxialRotaryEmbedding",
     "BackendUnavailable",
+    "DualChunk",
     "FireBias",
     "InputError",
     "Layout",
@@ -52,8 +54,10 @@ __all__ = [
     "MRotaryEmbedding",
     "PositionalAttention",
     "RandomizedPositions",
+    "ReRoPE",
     "RotaryEmbedding",
     "RotatedKVCache",
+    "SelfExtend",
     "SinusoidalEmbedding",
     "T5Bias",
     "XPos",
@@ -65,6 +69,7 @@ __all__ = [
     "attention_probs",
     "cos_sin",
     "dot_product_attention",
+    "extended_attention",
     "hf",
     "inv_freq",
     "make_encoding",

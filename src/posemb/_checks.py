@@ -297,18 +297,25 @@ def head_width(name: str, value: int, what: str = "") -> int:
 
 MAX_LAYERS = 1 << 16
 MAX_HEADS = 1 << 20
-# The counts and lengths a config sizes things by, and the most posemb accepts of each: far past
-# any published model (126 layers, 128 heads, 10M positions), and small enough that nothing
-# built from them (a list per layer, transformers' config class looping over the layers, a
-# table per position) runs for minutes or allocates gigabytes before it is refused.
-_LAYER_KEYS = ("num_hidden_layers", "n_layers", "num_layers", "depth", "max_window_layers")
-_HEAD_KEYS = ("num_attention_heads", "num_key_value_heads", "n_heads", "n_kv_heads", "num_heads")
+# The counts and lengths a config sizes things by, in every family's spelling (GPT-2/GPT-J's
+# n_layer, n_head, n_positions, n_ctx; ChatGLM's seq_length and multi_query_group_num; Falcon's
+# n_head_kv), and the most posemb accepts of each. Layers and heads are bounded far past any
+# published model (126 layers, 128 heads) and low enough that a list per layer, or
+# transformers' config class looping over the layers, ends at once (2^40 layers never did).
+# Lengths are bounded where positions stay exact in float64 (2^53); a length does not bound
+# memory by itself: nothing posemb builds tabulates max_position_embeddings, and the
+# comparison with transformers sizes its modules before building them (hf.upstream).
+_LAYER_KEYS = (
+    "num_hidden_layers", "n_layers", "n_layer", "num_layers", "depth", "max_window_layers",
+)  # fmt: skip
+_HEAD_KEYS = (
+    "num_attention_heads", "num_key_value_heads", "n_heads", "n_head", "n_kv_heads", "num_heads",
+    "num_kv_heads", "n_head_kv", "multi_query_group_num",
+)  # fmt: skip
 _LENGTH_KEYS = (
-    "max_position_embeddings",
-    "original_max_position_embeddings",
-    "sliding_window",
-    "attention_chunk_size",
-)
+    "max_position_embeddings", "original_max_position_embeddings", "sliding_window",
+    "attention_chunk_size", "n_positions", "n_ctx", "seq_length", "max_seq_len",
+)  # fmt: skip
 CONFIG_SIZES = {
     **dict.fromkeys(_LAYER_KEYS, MAX_LAYERS),
     **dict.fromkeys(_HEAD_KEYS, MAX_HEADS),

@@ -143,10 +143,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.no_transformers:
         check = None
     else:
-        check = hf.transformers_differs(config, strict=strict)
-        if args.layer_type is not None and check["differs"]:
-            wanted = (None, args.layer_type)
-            check["differs"] = [d for d in check["differs"] if d["layer_type"] in wanted]
+        check = hf.transformers_differs(config, layer_type=args.layer_type, strict=strict)
     if args.json:
         extra = {} if check is None else {"transformers_check": check["summary"],
                                           "transformers_differs": check["differs"]}  # fmt: skip

@@ -15,6 +15,8 @@ One module per job, every public name re-exported here (``from posemb import hf`
 - :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict, a
   safetensors file or a sharded checkpoint (:func:`convert_sharded`).
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
+- :mod:`posemb.hf.long_context`: :func:`extension_from_config`, the Dual Chunk Attention a
+  Qwen2.5-1M config's ``dual_chunk_attention_config`` asks for (``posemb inspect`` notes it).
 - :mod:`posemb.hf.doctor`: :func:`transformers_differs`, where the installed ``transformers``
   reads a config differently from the file (or cannot read it), through
   :mod:`posemb.hf.upstream` (what transformers makes of a config).
@@ -109,6 +111,7 @@ from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout
 from .doctor import Difference, TransformersCheck, format_differs, transformers_differs
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
+from .long_context import extension_from_config
 from .patch import HFRotaryEmbedding, patch_rotary, unpatch_rotary
 from .vision import VisionReport, format_vision, vision_report, vision_rotary_from_config
 
@@ -132,6 +135,7 @@ __all__ = [
     "convert_checkpoint",
     "convert_qk_layout",
     "convert_sharded",
+    "extension_from_config",
     "format_differs",
     "format_inspect",
     "format_model",

@@ -310,21 +310,6 @@ def _read(d: dict[str, object], strict: bool) -> ModelRope:
     return ModelRope(model_type, fam.name, where, tuple(kinds_out))
 
 
-# Top-level keys of a config.json that no rope formula reads (dtype, quantization, code and
-# provenance), not handed to transformers' config class when posemb asks it for a default.
-_NOT_ROPE_KEYS = frozenset(
-    {
-        "torch_dtype",
-        "dtype",
-        "quantization_config",
-        "auto_map",
-        "architectures",
-        "transformers_version",
-        "_name_or_path",
-    }
-)
-
-
 def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict[str, object]:
     """The config as ``transformers``' config class completes it, for a key the file omits."""
     what = f"model_type {model_type!r}" if model_type else "a config without model_type"
@@ -348,11 +333,8 @@ def _resolve(d: dict[str, object], missing: str, model_type: str | None) -> dict
             f"{what} does not set {missing!r}, and transformers {transformers.__version__} has no "
             f"config class for model_type {outer_type!r} to read its default from"
         )
-    # Keys that say nothing about RoPE are left out: a bad one (a torch_dtype of 1e308) made
-    # the class raise IndexError converting it back to a string.
-    kept = {k: v for k, v in d.items() if k not in _NOT_ROPE_KEYS}
     try:
-        text = upstream.text_config(kept)
+        text = upstream.text_config(d)  # keys that say nothing about RoPE left out
         with upstream.quiet(transformers):
             out: dict[str, object] = dict(text.to_dict())
     except Exception as err:  # transformers refused the dict: said in one line, chained

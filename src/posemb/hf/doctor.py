@@ -31,6 +31,7 @@ from .spec import RopeSpec
 from .upstream import (
     Frequencies,
     NoConfigClass,
+    TooLarge,
     frequencies,
     one_line,
     rope_parameters,
@@ -40,9 +41,6 @@ from .upstream import (
 # transformers computes inv_freq in float32: (ln(base) + 4) * 2^-24 relative at most (about 1e-6
 # for base 500,000); anything past 1e-5 is a different reading, not rounding.
 RTOL = 1e-5
-# Past this many positions some rotary modules (GPT-J's) would tabulate gigabytes: the module is
-# then not built, and the check says so.
-MAX_POSITIONS = 1 << 24
 CANNOT = "cannot read this config"
 
 
@@ -64,12 +62,15 @@ class TransformersCheck(TypedDict):
     differs: list[Difference] | None
 
 
-def transformers_differs(config: dict[str, object], *, strict: bool = True) -> TransformersCheck:
+def transformers_differs(
+    config: dict[str, object], *, layer_type: str | None = None, strict: bool = True
+) -> TransformersCheck:
     """Compare posemb's reading of a ``config.json`` dict with the installed transformers'.
 
     Args:
         config: the file's dict (a transformers config object is transformers' reading
             already: there is nothing to compare, and this raises ``TypeError``).
+        layer_type: compare only this layer kind (default: every kind).
         strict: as in :func:`posemb.hf.model_rope` (False: unknown rope keys only warn).
 
     Returns:
@@ -79,77 +80,71 @@ def transformers_differs(config: dict[str, object], *, strict: bool = True) -> T
     """
     if not isinstance(config, dict):
         raise TypeError("transformers_differs compares a config.json dict with transformers")
+    m = model_rope(config, strict=strict)  # posemb's reading first: refusals before imports
+    kinds = [k for k in m.kinds if layer_type is None or k.layer_type == layer_type]
     try:
         import transformers
     except ImportError as err:
         if not _extras.is_missing(err, "transformers"):
-            raise
-        return {
-            "transformers": None,
-            "summary": "check skipped: transformers is not installed (pip install 'posemb[hf]')",
-            "differs": None,
-        }
+            return _skipped(None, f"transformers fails to import ({one_line(err)})")
+        return _skipped(None, "transformers is not installed (pip install 'posemb[hf]')")
+    except Exception as err:  # a broken install (a torch it was not built for): not ours
+        return _skipped(None, f"transformers fails to import ({one_line(err)})")
     version = transformers.__version__
-    m = model_rope(config, strict=strict)
     if not isinstance(config.get("model_type"), str):
-        return {
-            "transformers": version,
-            "summary": "check skipped: the config names no model_type, which transformers "
-            "needs to pick its config class",
-            "differs": None,
-        }
+        return _skipped(version, "the config names no model_type, which transformers needs")
     try:
         tf = text_config({k: v for k, v in config.items() if not k.startswith("__")})
     except NoConfigClass as err:
         return _cannot_read(config, version, str(err), on_model_type=True)
     except Exception as err:  # transformers cannot build the config: say what it raised
         return _cannot_read(config, version, f"transformers {version} raises {one_line(err)}")
-    max_pos = getattr(tf, "max_position_embeddings", None)
-    if isinstance(max_pos, int) and max_pos > MAX_POSITIONS:
-        return {
-            "transformers": version,
-            "summary": f"check skipped: max_position_embeddings {max_pos:,} is past "
-            f"{MAX_POSITIONS:,}, where some rotary modules of transformers tabulate each position",
-            "differs": None,
-        }
     try:
         cls, theirs = frequencies(tf)
-    except Exception as err:
+    except TooLarge as err:
+        return _skipped(version, f"{err}, more than posemb builds to compare")
+    except Exception as err:  # MemoryError included: never "no module" when it failed
         said = f"transformers {version} fails building its rotary module: {one_line(err)}"
         return _cannot_read(config, version, said)
     if cls is None:
-        return {
-            "transformers": version,
-            "summary": f"check skipped: transformers {version} builds no rotary module for "
-            f"{type(tf).__name__} to compare with",
-            "differs": None,
-        }
+        return _skipped(version, f"transformers {version} builds no rotary module for "
+                        f"{type(tf).__name__} to compare with")  # fmt: skip
     differs = []
-    for kind in m.kinds:
+    who = f"{cls} (transformers {version})"
+    for kind in kinds:
         if kind.spec is not None:
-            lt = kind.layer_type if m.per_layer_type else None
-            found = _compare(kind.spec, lt, tf, theirs, f"{cls} (transformers {version})")
-            differs += found
+            differs += _compare(kind.spec, kind.layer_type if m.per_layer_type else None, tf,
+                                theirs, who)  # fmt: skip
+    which = "every layer kind" if layer_type is None else f"layer kind {layer_type}"
     said = (
-        f"transformers {version} ({cls}) reads every layer kind as the file says"
+        f"transformers {version} ({cls}) reads {which} as the file says"
         if not differs
-        else f"transformers {version} ({cls}) reads {len(differs)} of {len(m.kinds)} layer "
+        else f"transformers {version} ({cls}) reads {len(differs)} of {len(kinds)} layer "
         f"kind(s) differently from the file"
     )
     return {"transformers": version, "summary": said, "differs": differs}
 
 
+def _skipped(version: str | None, why: str) -> TransformersCheck:
+    return {"transformers": version, "summary": f"check skipped: {why}", "differs": None}
+
+
 def _cannot_read(
     config: dict[str, object], version: str, error: str, on_model_type: bool = False
 ) -> TransformersCheck:
-    """The one row of a config transformers cannot build: on its rope dict's type unless the
-    model type itself is unknown to it."""
-    rope = config.get("rope_scaling") or config.get("rope_parameters")
-    if not on_model_type and isinstance(rope, dict) and ("type" in rope or "rope_type" in rope):
-        key = "rope_scaling.type" if "type" in rope else "rope_scaling.rope_type"
-        value: object = rope.get("type", rope.get("rope_type"))
-    else:
+    """The one row of a config transformers cannot build: on the model type when transformers
+    has no class for it, on the rope dict's type when its error is about RoPE, else on the
+    config as a whole."""
+    name = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rope = config.get(name)
+    about_rope = "rope" in error.lower()
+    if on_model_type:
         key, value = "model_type", config.get("model_type")
+    elif about_rope and isinstance(rope, dict) and ("type" in rope or "rope_type" in rope):
+        key = f"{name}.type" if "type" in rope else f"{name}.rope_type"
+        value = rope.get("type", rope.get("rope_type"))
+    else:  # a key transformers refuses that is not about positions: the file as a whole
+        key, value = "config", config.get("model_type")
     row: Difference = {
         "layer_type": None,
         "key": key,

@@ -11,6 +11,7 @@ from ..freqs import wavelengths
 from ..mrope import describe_mrope_axes
 from ..scaling import Default, Yarn
 from .config import RopeSpec, model_rope
+from .long_context import extension_from_config
 
 
 class InspectReport(TypedDict):
@@ -87,7 +88,9 @@ def inspect_report(
     kind = model_rope(config, strict=strict).kind(layer_type)
     if kind.spec is None:
         raise InputError(f"layer type {layer_type!r} has no RoPE: {kind.reason}")
-    return _report(kind.spec, kind.layers, seq_len)
+    report = _report(kind.spec, kind.layers, seq_len)
+    report["notes"] += extension_from_config(config)[1]
+    return report
 
 
 def _report(spec: RopeSpec, layers: tuple[int, ...], seq_len: int | None) -> InspectReport:
@@ -157,10 +160,13 @@ def inspect_model(
         :class:`ModelReport` keyed by layer type, kinds without RoPE saying why.
     """
     m = model_rope(config, strict=strict)
+    extension = extension_from_config(config)[1]
     if not m.per_layer_type:
         spec = m.kinds[0].spec
         assert spec is not None  # model_rope refuses a config where nothing rotates
-        return _report(spec, m.kinds[0].layers, seq_len)
+        report = _report(spec, m.kinds[0].layers, seq_len)
+        report["notes"] += extension
+        return report
     kinds: dict[str, InspectReport | NoRopeReport] = {}
     for k in m.kinds:
         name = str(k.layer_type)
@@ -173,7 +179,9 @@ def inspect_model(
                 "temperature": None if k.temperature is None else k.temperature.formula(),
             }
         else:
-            kinds[name] = _report(k.spec, k.layers, seq_len)
+            report = _report(k.spec, k.layers, seq_len)
+            report["notes"] += extension
+            kinds[name] = report
     return {
         "model_type": m.model_type,
         "family": m.family,

@@ -36,6 +36,29 @@ def quiet(transformers: Any) -> Iterator[None]:
         transformers.logging.set_verbosity(verbosity)
 
 
+# Top-level keys of a config.json that no rope formula reads (dtype, quantization, code and
+# provenance): never handed to transformers' config class. A bad one (a torch_dtype of 1e308)
+# made the class raise IndexError converting it back to a string.
+NOT_ROPE_KEYS = frozenset(
+    {
+        "torch_dtype",
+        "dtype",
+        "quantization_config",
+        "auto_map",
+        "architectures",
+        "transformers_version",
+        "_name_or_path",
+    }
+)
+# The most a rotary module may hold in buffers for posemb to build it (GPT-J's tabulates
+# max_position_embeddings x rotary_dim floats: 14 GB at 2^24 positions).
+MAX_MODULE_BYTES = 1 << 28
+
+
+class TooLarge(ValueError):
+    """transformers' rotary module would hold more than :data:`MAX_MODULE_BYTES`."""
+
+
 def one_line(err: BaseException, limit: int = 300) -> str:
     """``"KeyError: ..."``: an error transformers raised, in one line of at most ``limit``."""
     said = " ".join(f"{type(err).__name__}: {err}".split())
@@ -62,7 +85,9 @@ def text_config(d: dict[str, object]) -> Any:
             f"transformers {transformers.__version__} has no config class for model_type "
             f"{model_type!r} (a model with custom code, read only with trust_remote_code)"
         )
-    kept = {k: copy.deepcopy(v) for k, v in d.items() if k != "model_type"}
+    kept = {
+        k: copy.deepcopy(v) for k, v in d.items() if k != "model_type" and k not in NOT_ROPE_KEYS
+    }
     with quiet(transformers):
         cfg = transformers.AutoConfig.for_model(model_type, **kept)
         return cfg.get_text_config(decoder=True)
@@ -94,6 +119,9 @@ def frequencies(config: Any) -> tuple[str | None, Frequencies]:
     """``(class name, {layer type or None: (inv_freq, attention factor)})`` of the first rotary
     class of the text model that builds from ``config``; ``(None, {})`` if none does.
 
+    Each class is first built on the meta device (shapes, no memory): one whose tables would
+    pass :data:`MAX_MODULE_BYTES` raises :class:`TooLarge` rather than allocate them.
+
     GPT-J keeps ``cat(sin, cos)`` per position and no ``inv_freq``: the angle at position 1 is
     the frequency (its float32 sin and cos, then atan2 in float64).
     """
@@ -101,8 +129,21 @@ def frequencies(config: Any) -> tuple[str | None, Frequencies]:
 
     for cls in rotary_classes(config):
         try:
+            with quiet(transformers), torch.device("meta"):
+                probe = cls(config=config)  # shapes only: nothing is allocated
+            size = sum(b.numel() * b.element_size() for b in probe.buffers())
+        except Exception:  # a class for another part, or one that reads values while built
+            size = 0
+        if size > MAX_MODULE_BYTES:
+            raise TooLarge(
+                f"{cls.__name__} would hold {size / 2**30:.1f} GiB of tables for this config "
+                f"(max_position_embeddings {getattr(config, 'max_position_embeddings', '?')})"
+            )
+        try:
             with quiet(transformers):
                 module = cls(config=config)
+        except MemoryError:
+            raise
         except Exception:  # a rotary class for another part of the model
             continue
         out: Frequencies = {}

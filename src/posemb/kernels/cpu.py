@@ -293,6 +293,7 @@ def _find(verbose: bool) -> _Library | None:
 
 
 NOTE = "posemb-unavailable.txt"  # in torch's build folder: the reason last announced
+NOTE_LIFETIME_S = 24 * 3600
 
 
 def _announce(reason: str, announce: bool) -> None:
@@ -301,20 +302,25 @@ def _announce(reason: str, announce: bool) -> None:
     A machine with no compiler or no ninja stays that way from one process to the next, and
     ``make demo`` runs five posemb processes: each used to warn. The first process to find a
     reason writes it to ``NOTE`` in torch's build folder; a later one that finds the same
-    reason there logs it at DEBUG. A failed build is never quieted (it is a fault to report),
-    and ``posemb kernels`` always says the reason. ``announce=False``: the caller says it."""
+    reason there, written within a day, logs it at DEBUG. A failed build is never quieted (it
+    is a fault to report), a note is written only when the reason was shown (WARNING enabled,
+    or ``announce=False``: the caller says it), and ``posemb kernels`` always says the reason.
+    An unwritable cache writes no note: every process warns, as before."""
     folder = _build_folder(JIT_NAME)
     note = pathlib.Path(folder) / NOTE if folder else None
     try:
-        said = note is not None and note.read_text(encoding="utf-8") == reason
+        # A note a day old is said again: whoever saw it then may not be the one running now.
+        fresh = note is not None and time.time() - note.stat().st_mtime < NOTE_LIFETIME_S
+        said = fresh and note is not None and note.read_text(encoding="utf-8") == reason
     except (OSError, UnicodeDecodeError):
         said = False
     failed = reason.startswith("building the op failed") or "; building the op failed" in reason
+    shown = not announce or logger.isEnabledFor(logging.WARNING)  # someone was told
     if announce and (failed or not said):
         logger.warning("posemb: fused CPU RoPE unavailable (%s); using the reference", reason)
     else:
         logger.debug("posemb: fused CPU RoPE unavailable (%s); using the reference", reason)
-    if note is not None and not said and not failed:
+    if note is not None and not said and not failed and shown:
         tmp = note.with_name(f".{NOTE}.{os.getpid()}.tmp")
         try:
             tmp.write_text(reason, encoding="utf-8")
@@ -387,6 +393,8 @@ def _build_folder(name: str) -> str | None:
 
         return str(_get_build_directory(name, verbose=False))
     except (ImportError, TypeError, AttributeError):
+        return None
+    except OSError:  # an unwritable cache (a read-only image, HOME=/nonexistent)
         return None
 
 
