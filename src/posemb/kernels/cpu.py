@@ -388,6 +388,11 @@ def use_variant(name: str) -> str:
 def _build_folder(name: str) -> str | None:
     """torch's build folder for extension ``name`` (created if missing), so that posemb's
     lock and torch's build share it; None if torch's private helper for it has moved."""
+    # Importing torch's builder logs "No CUDA runtime is found" on a CPU machine: noise when
+    # posemb only asks where its note lives (the op not being built at all).
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
@@ -396,6 +401,8 @@ def _build_folder(name: str) -> str | None:
         return None
     except OSError:  # an unwritable cache (a read-only image, HOME=/nonexistent)
         return None
+    finally:
+        builder_log.setLevel(level)
 
 
 @contextlib.contextmanager
