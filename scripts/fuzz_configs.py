@@ -120,9 +120,8 @@ def fuzz(count: int, seed: int, folder: pathlib.Path) -> dict[str, object]:
     for label, d in mutations(seed, count):
         path.write_text(json.dumps(d))
         status, err, seconds = run_one(path)
-        statuses[str(status) if isinstance(status, int) else "escaped"] = (
-            statuses.get(str(status) if isinstance(status, int) else "escaped", 0) + 1
-        )
+        key = str(status) if isinstance(status, int) else "escaped"
+        statuses[key] = statuses.get(key, 0) + 1
         lines = err.strip().splitlines()
         if status == 2 and not (len(lines) == 1 and lines[0].startswith("posemb inspect: error:")):
             failures.append(f"{label}: exit 2 with {len(lines)} lines: {err[:300]!r}")

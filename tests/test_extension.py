@@ -262,7 +262,13 @@ def test_bad_calls_are_refused_by_name():
     rope = posemb.RotaryEmbedding(8)
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     cases = [
-        (lambda: extended_attention(q, k, v, posemb.XPos(8), ReRoPE(2)), "xPos scales q and k"),
+        (lambda: extended_attention(q, k, v, posemb.XPos(8), ReRoPE(2)), "not xPos"),
+        (lambda: extended_attention(q, k, v, rope, ReRoPE(2), scale=float("nan")), "scale must"),
+        (lambda: extended_attention(*(t.to("meta") for t in (q, k, v)), rope, ReRoPE(2)),
+         "q is on the meta device"),
+        (lambda: ReRoPE(2).relative_positions(torch.zeros(2, 3, dtype=torch.long),
+                                              torch.zeros(3, 4, dtype=torch.long)),
+         "must be for the same batch, got 2 and 3"),
         (lambda: extended_attention(q, k, v, rope, "rerope"), "method must be SelfExtend"),
         (lambda: extended_attention(q, k, v, posemb.RotaryEmbedding(16), ReRoPE(2)),
          "head_dim 16"),
@@ -278,6 +284,16 @@ def test_bad_calls_are_refused_by_name():
     for call, match in cases:
         with pytest.raises(InputError, match=match):
             call()
+
+
+def test_mixed_dtypes_compute_in_the_widest():
+    torch.manual_seed(7)
+    rope, method = posemb.RotaryEmbedding(8), SelfExtend(2, 3)
+    q, k, v = (torch.randn(1, 2, 6, 8, dtype=F64) for _ in range(3))
+    want = extended_attention(q, k.float().double(), v, rope, method)
+    got = extended_attention(q, k.float(), v, rope, method)
+    assert got.dtype == F64
+    assert_close(got, want, F64)
 
 
 def test_the_methods_pickle_copy_compare_and_hash():

@@ -26,6 +26,7 @@ gives the distances themselves.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -77,6 +78,12 @@ class Extension:
         """
         qp = _checks.positions(q_positions, max_dim=2, name="q_positions")
         kp = _checks.positions(k_positions, max_dim=2, name="k_positions")
+        nq, nk = (qp.shape[0] if qp.dim() == 2 else 1), (kp.shape[0] if kp.dim() == 2 else 1)
+        if 1 not in (nq, nk) and nq != nk:
+            raise InputError(
+                f"q_positions and k_positions must be for the same batch, got {nq} and {nk} "
+                f"sequences"
+            )
         i, j = _grid(qp, kp)
         return self._distance(i, j)
 
@@ -262,14 +269,18 @@ class DualChunk(Extension):
 
 
 def _rotate(
-    x: torch.Tensor, at: torch.Tensor, inv: torch.Tensor, factor: float, rope: RotaryEmbedding
+    x: torch.Tensor,
+    at: torch.Tensor,
+    inv: torch.Tensor,
+    factor: float,
+    rope: RotaryEmbedding,
+    dt: torch.dtype,
 ) -> torch.Tensor:
     """x rotated at (possibly fractional) positions ``at``: float64 angles, the rope's layout,
-    in the compute dtype."""
+    in ``dt``."""
     if at.dim() == 2 and at.shape[0] == 1:
         at = at[0]  # one row of positions serves every sequence
     angles = at.to(F64).unsqueeze(-1) * inv.to(at.device, F64)
-    dt = _checks.compute_dtype(x)
     cos, sin = (angles.cos() * factor).to(dt), (angles.sin() * factor).to(dt)
     x = x.to(dt)
     return kernels.rotate(x, x[:, :0], cos, sin, layout=rope.layout, backend="reference")[0]
@@ -376,10 +387,12 @@ def extended_attention(
     Self-Extend and ReRoPE, three for Dual Chunk Attention; a set no pair uses is skipped).
     """
     q, k, v = (_checks.float_tensor(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.not_meta(name, t)  # the regions and the length are read from values
     if not isinstance(rope, RotaryEmbedding) or isinstance(rope, XPos):
         raise InputError(
-            f"rope must be a posemb.RotaryEmbedding (xPos scales q and k by position, which a "
-            f"re-mapped distance cannot express), got {type(rope).__name__}"
+            f"rope must be a posemb.RotaryEmbedding, not xPos (which scales q and k by their "
+            f"positions, what a re-mapped distance cannot express), got {type(rope).__name__}"
         )
     if not isinstance(method, (SelfExtend, ReRoPE, DualChunk)):
         raise InputError(
@@ -400,20 +413,22 @@ def extended_attention(
     kp = _checks.positions_for("k_positions", k_positions, batch=b, length=k_len, device=k.device)
     _checks.within_limit("q_positions", qp)
     _checks.within_limit("k_positions", kp)
+    s = 1.0 / math.sqrt(d) if scale is None else _checks.number("scale", scale, minimum=0.0)
+    hidden = _hidden(qp, kp, causal, key_padding_mask, b, k_len)  # checked before any work
     top = max(int(t.max()) for t in (qp, kp) if t.numel()) if qp.numel() or kp.numel() else 0
     inv, factor = rope.schedule(top + 1)
-    dt = _checks.compute_dtype(q)
+    # One arithmetic dtype for all three: float64 if any is, else float32.
+    dt = functools.reduce(torch.promote_types, (_checks.compute_dtype(t) for t in (q, k, v)))
     temper = method.scale_queries(qp)
     if temper is not None:  # per query row; it commutes with the rotation
         q = q.to(dt) * _rows(temper.to(q.device, dt))
     group = hq // k.shape[1]
-    s = 1.0 / math.sqrt(d) if scale is None else float(scale)
     logits: torch.Tensor | None = None
     for q_at, k_at, region in method.position_sets(qp, kp):
         if not bool(region.any()):
             continue
-        qr = _rotate(q, q_at, inv, factor, rope)
-        kr = _rotate(k, k_at, inv, factor, rope).repeat_interleave(group, dim=1)
+        qr = _rotate(q, q_at, inv, factor, rope, dt)
+        kr = _rotate(k, k_at, inv, factor, rope, dt).repeat_interleave(group, dim=1)
         # Zero outside its region, then summed in place: the regions are disjoint and cover
         # every pair, so each logit is one set's exactly (x + 0 == x).
         part = (torch.matmul(qr, kr.transpose(-1, -2)) * s).masked_fill_(~_pairs(region), 0.0)
@@ -421,7 +436,6 @@ def extended_attention(
         logits = part if logits is None else logits.add_(part)
     if logits is None:  # no pairs at all (q_len or k_len 0)
         logits = q.new_zeros((b, hq, q_len, k_len), dtype=dt)
-    hidden = _hidden(qp, kp, causal, key_padding_mask, b, k_len)
     if hidden is not None:
         logits = logits.masked_fill(hidden, float("-inf"))
     blind = (logits == float("-inf")).all(dim=-1, keepdim=True)

@@ -213,7 +213,7 @@ def describe_machine(r: Any) -> str:
     if r.cpu_op:
         line += f", CPU op: {r.cpu_op}"
     if r.absent:
-        line += f"; not installed: {r.absent}"
+        line += f"; not installed: {', '.join(r.absent.split())}"
     return f"{line}; {r.timestamp}"
 
 

@@ -179,7 +179,7 @@ def _compare(
     the key of transformers' rope parameters that explains them."""
     inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base)
     inv = inv.to(torch.float64)
-    got = theirs.get(layer_type, theirs.get(None)) if layer_type is not None else theirs.get(None)
+    got = theirs.get(layer_type, theirs.get(None))  # one table for every layer kind: None
     if got is None:
         return []  # transformers builds no table for this kind: nothing to compare
     t_inv, t_factor = got
