@@ -11,50 +11,12 @@ import pytest
 import torch
 
 import posemb
+from extension_definitions import reference_distance
 from posemb import InputError
 from posemb.extension import DualChunk, ReRoPE, SelfExtend, extended_attention
 from tolerances import assert_close
 
 F64 = torch.float64
-
-
-# The definitions, one (i, j) pair at a time -------------------------------------------------
-
-
-def selfextend_distance(i: int, j: int, group: int, window: int) -> int:
-    """Jin et al. 2024: neighbours keep i - j; farther pairs use grouped positions."""
-    if i - j < window:
-        return i - j
-    return (i // group + window - window // group) - j // group
-
-
-def rerope_distance(i: int, j: int, window: int, leak: float | None) -> float:
-    """Su 2023: min(i - j, W); leaky: W + (i - j - W) / k beyond the window."""
-    d = i - j
-    if d < window:
-        return d
-    return window if leak is None else window + (d - window) / leak
-
-
-def dca_distance(i: int, j: int, chunk_size: int, local_size: int) -> int:
-    """An et al. 2024 as issue 33 states it: keys at j mod L; the query at i mod L in the key's
-    chunk, min(i mod L + L, C) in the next, min(2L - 1, C) farther."""
-    n = chunk_size - local_size
-    if i // n == j // n:
-        q = i % n
-    elif i // n == j // n + 1:
-        q = min(i % n + n, chunk_size)
-    else:
-        q = min(2 * n - 1, chunk_size)
-    return q - j % n
-
-
-def reference_distance(method, i: int, j: int) -> float:
-    if isinstance(method, SelfExtend):
-        return selfextend_distance(i, j, method.group, method.window)
-    if isinstance(method, ReRoPE):
-        return rerope_distance(i, j, method.window, method.leak)
-    return dca_distance(i, j, method.chunk_size, method.local_size)
 
 
 def rotated(x: torch.Tensor, angle_rate: torch.Tensor, d: float, factor: float, layout: str):
@@ -222,16 +184,18 @@ def _from_distances(q, k, v, rope, d):
     return (torch.softmax(logits / math.sqrt(q.shape[-1]), -1) @ v[0, 0])[None, None]
 
 
-def test_low_precision_inputs_compute_in_float32_and_return_their_dtype():
+@pytest.mark.parametrize("method", [ReRoPE(4), ReRoPE(4, query_scale=4)], ids=["-", "scaled"])
+def test_low_precision_inputs_compute_in_float32_and_return_their_dtype(method):
+    # The scaled case: the query scaling once cast q to float32 and the output followed it.
     torch.manual_seed(5)
     rope = posemb.RotaryEmbedding(16)
     q, k, v = (torch.randn(1, 2, 12, 16) for _ in range(3))
-    want = extended_attention(q.double(), k.double(), v.double(), rope, ReRoPE(4))
+    want = extended_attention(q.double(), k.double(), v.double(), rope, method)
     for dtype in (torch.float32, torch.bfloat16):
-        got = extended_attention(q.to(dtype), k.to(dtype), v.to(dtype), rope, ReRoPE(4))
+        got = extended_attention(q.to(dtype), k.to(dtype), v.to(dtype), rope, method)
         assert got.dtype == dtype
         # Inputs rounded to dtype, then float32 arithmetic: a few of dtype's roundoffs.
-        want_d = extended_attention(*(t.to(dtype).double() for t in (q, k, v)), rope, ReRoPE(4))
+        want_d = extended_attention(*(t.to(dtype).double() for t in (q, k, v)), rope, method)
         assert_close(got, want_d, dtype)
     assert want.dtype == F64
 

@@ -400,7 +400,7 @@ def extended_attention(
         )
     if not causal and not method.bidirectional:
         raise InputError(f"{type(method).__name__} is defined for causal attention only")
-    b, hq, q_len, d = _shapes(q, k, v, rope)
+    b, _, q_len, d = _shapes(q, k, v, rope)
     k_len = k.shape[2]
     if causal and q_positions is None and q_len > k_len:
         raise InputError(
@@ -415,6 +415,26 @@ def extended_attention(
     _checks.within_limit("k_positions", kp)
     s = 1.0 / math.sqrt(d) if scale is None else _checks.number("scale", scale, minimum=0.0)
     hidden = _hidden(qp, kp, causal, key_padding_mask, b, k_len)  # checked before any work
+    return attend(q, k, v, rope, method, qp, kp, hidden, s)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: RotaryEmbedding,
+    method: Extension,
+    qp: torch.Tensor,
+    kp: torch.Tensor,
+    hidden: torch.Tensor | None,
+    s: float,
+) -> torch.Tensor:
+    """:func:`extended_attention` after its checks: positions ``qp`` ``(q_len,)`` or ``(batch,
+    q_len)`` and ``kp`` likewise, ``hidden`` a bool mask broadcasting to ``(batch, heads,
+    q_len, k_len)`` (True: the key is not seen), ``s`` the logit scale. Returns ``(batch,
+    heads, q_len, v_dim)`` in q's dtype (the patched transformers attention's core)."""
+    b, hq, q_len = q.shape[:3]
+    k_len, out_dtype = k.shape[2], q.dtype
     top = max(int(t.max()) for t in (qp, kp) if t.numel()) if qp.numel() or kp.numel() else 0
     inv, factor = rope.schedule(top + 1)
     # One arithmetic dtype for all three: float64 if any is, else float32.
@@ -441,7 +461,7 @@ def extended_attention(
     blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
     p = torch.softmax(logits.masked_fill(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
     vv = v.to(dt).repeat_interleave(group, dim=1)
-    return torch.matmul(p, vv).to(q.dtype)
+    return torch.matmul(p, vv).to(out_dtype)
 
 
 __all__ = ["DualChunk", "Extension", "ReRoPE", "SelfExtend", "extended_attention"]

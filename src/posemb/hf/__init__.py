@@ -15,6 +15,8 @@ One module per job, every public name re-exported here (``from posemb import hf`
 - :mod:`posemb.hf.convert`: q/k weight permutation between layouts, in a state dict, a
   safetensors file or a sharded checkpoint (:func:`convert_sharded`).
 - :mod:`posemb.hf.inspect`: the per-frequency report that ``posemb inspect`` prints.
+- :mod:`posemb.hf.extension`: :func:`patch_extension` and :func:`unpatch_extension`,
+  Self-Extend, ReRoPE or Dual Chunk Attention inside a model's attention (and its KV cache).
 - :mod:`posemb.hf.long_context`: :func:`extension_from_config`, the Dual Chunk Attention a
   Qwen2.5-1M config's ``dual_chunk_attention_config`` asks for (``posemb inspect`` notes it).
 - :mod:`posemb.hf.doctor`: :func:`transformers_differs`, where the installed ``transformers``
@@ -109,6 +111,7 @@ from .config import (
 )
 from .convert import K_PATTERN, Q_PATTERN, convert_checkpoint, convert_qk_layout, convert_sharded
 from .doctor import Difference, TransformersCheck, format_differs, transformers_differs
+from .extension import extension_of, patch_extension, unpatch_extension
 from .families import FAMILIES, Family
 from .inspect import format_inspect, format_model, inspect_model, inspect_report
 from .long_context import extension_from_config
@@ -136,6 +139,7 @@ __all__ = [
     "convert_qk_layout",
     "convert_sharded",
     "extension_from_config",
+    "extension_of",
     "format_differs",
     "format_inspect",
     "format_model",
@@ -145,6 +149,7 @@ __all__ = [
     "inspect_report",
     "load_config",
     "model_rope",
+    "patch_extension",
     "patch_rotary",
     "rerotate_cache",
     "rope_layer_types",
@@ -152,6 +157,7 @@ __all__ = [
     "rotary_from_config",
     "schedule_changes",
     "transformers_differs",
+    "unpatch_extension",
     "unpatch_rotary",
     "vision_report",
     "vision_rotary_from_config",
