@@ -3,16 +3,16 @@
 import pytest
 
 from posemb.lab import plots
-from posemb.lab.model import SCALINGS, VARIANTS
+from posemb.lab.model import EXTENSIONS, SCALINGS, VARIANTS
 from posemb.lab.style import LOOKS, look
 
 
-def test_every_variant_has_its_own_colour_and_scalings_are_dashed():
+def test_every_variant_has_its_own_colour_and_inference_time_variants_are_dashed():
     assert set(LOOKS) == {*VARIANTS, "rope+pi+ft"}  # the fine-tuned PI of --finetune-steps
     colours = [v.colour for v in LOOKS.values()]
     assert len(set(colours)) == len(colours)
     assert len({v.marker for v in LOOKS.values()}) == len(LOOKS)
-    assert {name for name, v in LOOKS.items() if v.dashed} == set(SCALINGS)
+    assert {name for name, v in LOOKS.items() if v.dashed} == {*SCALINGS, *EXTENSIONS}
 
 
 def test_the_plots_and_the_page_use_the_same_colour():

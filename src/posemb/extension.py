@@ -443,25 +443,74 @@ def attend(
     if temper is not None:  # per query row; it commutes with the rotation
         q = q.to(dt) * _rows(temper.to(q.device, dt))
     group = hq // k.shape[1]
-    logits: torch.Tensor | None = None
+    seen = None if hidden is None else ~hidden
+    if seen is not None and seen.dim() > 2:  # a pair is computed if any sequence sees it
+        seen = seen.flatten(0, -3).any(0)
+    sets = []
     for q_at, k_at, region in method.position_sets(qp, kp):
-        if not bool(region.any()):
-            continue
-        qr = _rotate(q, q_at, inv, factor, rope, dt)
-        kr = _rotate(k, k_at, inv, factor, rope, dt).repeat_interleave(group, dim=1)
-        # Zero outside its region, then summed in place: the regions are disjoint and cover
-        # every pair, so each logit is one set's exactly (x + 0 == x).
-        part = (torch.matmul(qr, kr.transpose(-1, -2)) * s).masked_fill_(~_pairs(region), 0.0)
-        del qr, kr
-        logits = part if logits is None else logits.add_(part)
-    if logits is None:  # no pairs at all (q_len or k_len 0)
-        logits = q.new_zeros((b, hq, q_len, k_len), dtype=dt)
-    if hidden is not None:
-        logits = logits.masked_fill(hidden, float("-inf"))
-    blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
-    p = torch.softmax(logits.masked_fill(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
+        live = region if seen is None else region & seen  # the pairs it gives that are seen
+        if bool(live.any()):
+            qr = _rotate(q, q_at, inv, factor, rope, dt)
+            kr = _rotate(k, k_at, inv, factor, rope, dt).repeat_interleave(group, dim=1)
+            sets.append((qr, kr, region, live))
     vv = v.to(dt).repeat_interleave(group, dim=1)
-    return torch.matmul(p, vv).to(out_dtype)
+    out = vv.new_zeros((b, hq, q_len, v.shape[-1]))
+    rows = max(1, min(q_len, _BLOCK_ELEMENTS // max(1, b * hq * k_len)))
+    for r0 in range(0, q_len, rows):
+        r1 = min(q_len, r0 + rows)
+        block = _block(sets, hidden, r0, r1, s, (b, hq, k_len), dt)
+        if block is not None:
+            logits, c0, c1 = block
+            blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
+            p = torch.softmax(logits.masked_fill_(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
+            out[:, :, r0:r1] = torch.matmul(p, vv[:, :, c0:c1])
+    return out.to(out_dtype)
+
+
+# A query block's logits hold at most this many elements (64 MiB in float32).
+_BLOCK_ELEMENTS = 1 << 24
+
+
+def _block(
+    sets: list[tuple[torch.Tensor, ...]],
+    hidden: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    s: float,
+    shape: tuple[int, int, int],
+    dt: torch.dtype,
+) -> tuple[torch.Tensor, int, int] | None:
+    """The logits of queries ``r0:r1`` over the columns ``c0:c1`` some set gives a seen pair
+    in, each pair's from the set whose region holds it, hidden pairs ``-inf``; None when no
+    pair of the block is seen. Each set's product is taken over its own columns only (the
+    near window is a band, the causal far part a prefix), not over every key."""
+    boxes = []
+    for qr, kr, region, live in sets:
+        cols = live[..., r0:r1, :].reshape(-1, live.shape[-1]).any(0).nonzero()
+        if cols.numel():
+            boxes.append((qr, kr, region, int(cols[0]), int(cols[-1]) + 1))
+    if not boxes:
+        return None
+    c0, c1 = min(bx[3] for bx in boxes), max(bx[4] for bx in boxes)
+    b, hq, _ = shape
+    logits = torch.full(
+        (b, hq, r1 - r0, c1 - c0), float("-inf"), dtype=dt, device=sets[0][0].device
+    )
+    for qr, kr, region, lo, hi in boxes:
+        part = torch.matmul(qr[:, :, r0:r1], kr[:, :, lo:hi].transpose(-1, -2)) * s
+        # -inf outside its region; the regions are disjoint, so at each pair one set's logit
+        # is finite and the running maximum takes exactly it.
+        part.masked_fill_(~_pairs(region[..., r0:r1, lo:hi]), float("-inf"))
+        if part.requires_grad:  # autograd: no writes into views; padded to the block instead
+            padded = torch.nn.functional.pad(part, (lo - c0, c1 - hi), value=float("-inf"))
+            logits = torch.maximum(logits, padded)
+        else:
+            view = logits[..., lo - c0 : hi - c0]
+            torch.maximum(view, part, out=view)
+    if hidden is not None:  # (..., q_len or 1, k_len): a padding mask has one row for all
+        rows = hidden[..., r0:r1, :] if hidden.shape[-2] > 1 else hidden
+        logits.masked_fill_(rows[..., c0:c1], float("-inf"))
+    return logits, c0, c1
 
 
 __all__ = ["DualChunk", "Extension", "ReRoPE", "SelfExtend", "extended_attention"]

@@ -3,6 +3,7 @@
 import torch
 
 import posemb
+from posemb.lesson.registry import state_key
 from posemb.lesson.screens import s07_carousel as s07
 from posemb.rope import RotaryEmbedding
 
@@ -61,3 +62,30 @@ def test_the_drift_figure_shows_rerotation_below_composed_tables(by_id):
     assert last[ours] < last[composed] / 2, last
     first = {r["method"]: r["error"] for r in rows if r["shifts"] == s07.DRIFT_EVERY}
     assert last[composed] > 5 * first[composed]  # the composed tables keep drifting
+
+
+def _defined(method: str, i: int, j: int, W: int, G: int) -> float:
+    from extension_definitions import dca_distance, rerope_distance, selfextend_distance
+
+    if method == "Self-Extend":
+        return selfextend_distance(i, j, G, W)
+    if method == "ReRoPE":
+        return rerope_distance(i, j, W, float(G))
+    if method == "Dual Chunk":
+        return dca_distance(i, j, G * W + W, W)
+    return i - j
+
+
+def test_the_extension_figure_draws_the_definitions(by_id):
+    """Each state's distances are the issue's formulas, not posemb's code; plain RoPE is i - j."""
+    fig = by_id["fig-extension-distances"]
+    for method in s07.EXTENSION_METHODS:
+        for w in s07.EXTENSION_WINDOWS:
+            for g in s07.EXTENSION_GROUPS:
+                rows = fig.states[state_key((method, w, g))]["data"]["values"]
+                assert len(rows) == s07.EXTENSION_LEN * (s07.EXTENSION_LEN + 1) // 2
+                for r in rows:
+                    want = _defined(method, r["i"], r["j"], int(w), int(g))
+                    assert abs(r["distance"] - want) < 1e-9, (method, w, g, r)
+    readout = fig.readouts[state_key(("Self-Extend", "8", "4"))]
+    assert "the longest distance any pair meets is 13 " in readout  # 31 // 4 + 8 - 8 // 4

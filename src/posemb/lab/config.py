@@ -18,9 +18,10 @@ from . import corpus as _corpus
 from . import distributed as _dp
 from . import race as _race
 from . import retrieval as _retrieval
-from .model import SCALINGS, VARIANTS, check_heads
+from .model import EXTENSIONS, SCALINGS, VARIANTS, check_heads
 
-DEFAULT_VARIANTS = VARIANTS  # every trained encoding and every inference-time scaling
+DEFAULT_VARIANTS = VARIANTS  # every trained encoding, inference-time scaling and extension
+INFERENCE = SCALINGS + EXTENSIONS
 TASKS = ("lm", "retrieval", "entropy", "race")
 EVAL_SEED = 1234  # the held-out windows are the same for every variant and seed
 WEIGHT_DECAY = 0.01
@@ -310,8 +311,9 @@ class LabConfig:
         lm_train = base | {k: d[k] for k in _LM_TRAIN_KEYS}
         lm_train["corpus"] = _corpus.content_id(self.corpus)
         ret_train = base | {k: d[k] for k in _RETRIEVAL_TRAIN_KEYS}
-        # The rope jobs also evaluate the scalings asked for: another set is another result.
-        scalings = sorted(v for v in self.variants if v in SCALINGS) if encoding == "rope" else []
+        # The rope jobs also evaluate the scalings and extensions asked for: another set is
+        # another result.
+        scalings = sorted(v for v in self.variants if v in INFERENCE) if encoding == "rope" else []
         if kind == "race":
             rope = {k: v for k, v in lm_train.items() if k not in ("kind", "encoding")}
             key = rope | ret_train | {k: d[k] for k in _RACE_KEYS} | {"race_seed": race_seed}

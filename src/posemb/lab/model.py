@@ -3,7 +3,9 @@
 Pre-norm blocks (attention, then a 4x GELU MLP; :class:`Block`, shared with every lab model),
 causal attention through :class:`posemb.PositionalAttention`. Absolute encodings are added to
 the token embeddings; the others act inside attention. Inference-time RoPE scalings swap the
-schedule of a trained RoPE model without touching its weights (:func:`scaling_for`).
+schedule of a trained RoPE model without touching its weights (:func:`scaling_for`); the
+training-free extensions (:data:`EXTENSIONS`) change which distance each pair is rotated by
+(:meth:`TinyLM.set_extension`, settings in :mod:`posemb.lab.inference`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from .._errors import InputError
 from ..absolute import LearnedEmbedding, SinusoidalEmbedding
 from ..attention import PositionalAttention
 from ..bias import RandomizedPositions
+from ..extension import Extension, extended_attention
 from ..rope import RotaryEmbedding
 
 # Encodings a model is trained with, and inference-time scalings applied to the "rope" model.
 TRAINED = ("learned", "sinusoidal", "nope", "alibi", "rope", "t5", "fire", "xpos", "randomized")
 SCALINGS = ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn", "rope+llama3")
-VARIANTS = TRAINED + SCALINGS
+# Training-free context extensions of the trained "rope" model (issue 33), at inference.
+EXTENSIONS = ("rope+selfextend", "rope+rerope", "rope+dca")
+VARIANTS = TRAINED + SCALINGS + EXTENSIONS
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class Block(nn.Module):
         # Multiplies the queries, so every content logit q.k (not an added bias): the lab's
         # attention temperature (see TinyLM.set_logit_scale). A plain float: not in checkpoints.
         self.logit_scale = 1.0
+        # A training-free extension to attend under (RoPE blocks only; TinyLM.set_extension).
+        self.extension: Extension | None = None
         # Registration order fixes the order of initialisation draws and of parameters():
         # kept as it was so that seeded runs give the same numbers.
         self.norm1 = nn.LayerNorm(width)
@@ -101,13 +108,21 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """The attention probabilities of this block on ``x`` ``(b, s, width)``:
         ``(b, heads, s, s)``, as :meth:`forward` uses them."""
+        if self.extension is not None:
+            raise InputError("attention_weights are not formed under an extension")
         q, k, _ = self._qkv(x)
         return self.attn.attention_weights(q, k, positions=positions, k_positions=positions)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s, w = x.shape
         q, k, v = self._qkv(x)
-        a = self.attn(q, k, v, positions=positions, k_positions=positions)
+        if self.extension is None:
+            a = self.attn(q, k, v, positions=positions, k_positions=positions)
+        else:
+            rope = self.attn.encoding
+            assert isinstance(rope, RotaryEmbedding)  # set_extension checked it
+            causal = self.attn.causal
+            a = extended_attention(q, k, v, rope, self.extension, positions, positions, causal)
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
         return x + self.mlp(self.norm2(x))
 
@@ -152,6 +167,17 @@ class TinyLM(nn.Module):
         """Use another RoPE schedule at inference (position interpolation, NTK, YaRN, ...)."""
         for rope in self.rotary_modules():
             rope.scaling = sc.check(scaling)
+
+    def set_extension(self, method: Extension | None) -> None:
+        """Attend under a training-free extension (:class:`posemb.SelfExtend`, ReRoPE,
+        DualChunk) in every layer, or plainly again with None. RoPE models only."""
+        if method is not None and not self.rotary_modules():
+            raise InputError(
+                f"an extension re-maps RoPE distances; this model is {self.cfg.encoding!r}"
+            )
+        for blk in self.blocks:
+            if isinstance(blk, Block):
+                blk.extension = method
 
     def set_logit_scale(self, scale: float) -> None:
         """Multiply every attention logit's content term q.k by ``scale`` in every layer.

@@ -32,6 +32,7 @@ from .._owned import OwnedFolder
 from . import corpus as _corpus
 from . import distributed as _dp
 from . import entropy as _entropy
+from . import inference as _inference
 from . import race as _race
 from . import report
 from . import retrieval as _retrieval
@@ -57,7 +58,7 @@ from .config import (
     quick_config,
 )
 from .invocations import INVOCATIONS, closed, read_invocations
-from .model import SCALINGS, TRAINED, ModelConfig, TinyLM, scaling_for
+from .model import TRAINED, ModelConfig, TinyLM
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
 _POSITION_SEED = 2**31 - 1  # apart from the data generator's seeds (the job's seed itself)
@@ -206,14 +207,14 @@ def _evaluate_lm(
     }
     evals = {encoding: {n: _loss_curve(model, held[n]) for n in cfg.eval_lens}}
     if encoding == "rope":
-        for variant in SCALINGS:
+        for variant in _inference.INFERENCE:
             if variant in cfg.variants:
                 per_len = {}
                 for n in cfg.eval_lens:
-                    model.set_scaling(scaling_for(variant, cfg.train_len, n))
+                    _inference.use(model, variant, cfg.train_len, n)
                     per_len[n] = _loss_curve(model, held[n])
                 evals[variant] = per_len
-        model.set_scaling(None)
+        _inference.use(model, None, cfg.train_len, 0)
         if cfg.finetune_steps:
             evals["rope+pi+ft"] = _finetune_pi(model, cfg, data, gen, held)
     entropy: dict[str, object] = {}
@@ -357,11 +358,11 @@ def run_retrieval_job(
 
     variants = {encoding: probe()}
     if encoding == "rope":
-        for variant in SCALINGS:
+        for variant in _inference.INFERENCE:
             if variant in cfg.variants:
                 per_len = {}
                 for n in cfg.eval_lens:
-                    model.set_scaling(scaling_for(variant, cfg.train_len, n))
+                    _inference.use(model, variant, cfg.train_len, n)
                     per_len[str(n)] = _retrieval.evaluate(
                         model,
                         (n,),
@@ -371,7 +372,7 @@ def run_retrieval_job(
                         EVAL_SEED,
                     )[str(n)]
                 variants[variant] = per_len
-        model.set_scaling(None)
+        _inference.use(model, None, cfg.train_len, 0)
     result = {
         **ids.stamp(),
         "kind": "retrieval",
@@ -560,7 +561,9 @@ def jobs_for(cfg: LabConfig) -> list[tuple[str, int]]:
     the race need the rope model."""
     encodings = [v for v in cfg.variants if v in TRAINED]
     needs_rope = (
-        any(v in SCALINGS for v in cfg.variants) or cfg.finetune_steps or "race" in cfg.tasks
+        any(v in _inference.INFERENCE for v in cfg.variants)
+        or cfg.finetune_steps
+        or "race" in cfg.tasks
     )
     if needs_rope and "rope" not in encodings:
         encodings.append("rope")
@@ -576,13 +579,17 @@ def all_jobs(cfg: LabConfig) -> tuple[list[Job], list[Job]]:
     continues phase one's RoPE models."""
     first: list[Job] = [("lm", e, s, None) for e, s in jobs_for(cfg)]
     encodings = [v for v in cfg.variants if v in TRAINED]
-    if any(v in SCALINGS for v in cfg.variants) and "rope" not in encodings:
+    if any(v in _inference.INFERENCE for v in cfg.variants) and "rope" not in encodings:
         encodings.append("rope")
     if "retrieval" not in cfg.tasks:
         encodings = []
     if "race" in cfg.tasks and "rope" not in encodings:
         encodings.append("rope")
     first += [("retrieval", e, s, None) for e in encodings for s in cfg.seeds]
+    # The rope jobs also evaluate every inference variant asked for (the extensions' exact
+    # attention costs 10-20x an SDPA call), so they start first and the others fill the
+    # remaining workers meanwhile (their retrieval job is the longest of the phase).
+    first.sort(key=lambda job: (job[1] != "rope", job[0] != "retrieval"))
     second: list[Job] = []
     if "race" in cfg.tasks:
         second = [

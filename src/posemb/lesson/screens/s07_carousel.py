@@ -1,5 +1,5 @@
-"""Screen 7, the carousel: the logit against the offset, its sign, decay as a bound, and scaling
-without fine-tuning.
+"""Screen 7, the carousel: the logit against the offset, its sign, decay as a bound, scaling
+without fine-tuning, and the training-free methods that re-map distances instead.
 
 Its text, its claims with their checks, and its figures: editing this screen is this file
 (and its test, ``tests/lesson/test_s07_carousel.py``).
@@ -37,6 +37,10 @@ SCREEN = screen(
         "ahead give different scores unless q equals k. For random q and k the typical size "
         "of the logit does not shrink with distance; the long-term decay RoFormer proves is "
         "an upper bound, not what random vectors do.",
+        "Past the trained length, stretching the clocks (the scalings below) is one answer. "
+        "The other, used without any training since 2024, keeps the clocks and changes which "
+        "distance each pair is shown: the last figure draws Self-Extend, ReRoPE and Dual "
+        "Chunk Attention doing it.",
     ),
     maths=(
         r"\langle R_{m+s}\,q, R_{n+s}\,k\rangle = \langle R_m q, R_n k\rangle",
@@ -643,4 +647,82 @@ def _which_keep_pair_0() -> str:
         f"{listed(kept)} keep it; {listed(moved)} {verb} it. A pair that turns many "
         "times within the trained length has seen every angle already, so the ramp-based "
         "scalings leave it alone and stretch only the slow pairs."
+    )
+
+
+EXTENSION_METHODS = ("plain RoPE", "Self-Extend", "ReRoPE", "Dual Chunk")
+EXTENSION_WINDOWS = ("4", "8", "12")
+EXTENSION_GROUPS = ("2", "4")
+EXTENSION_LEN = 32
+
+
+def extension_method(name: str, window: int, group: int) -> Any:
+    """The method a state of ``fig-extension-distances`` draws (None for plain RoPE): the window
+    is Self-Extend's and ReRoPE's W and Dual Chunk's local size; the group is Self-Extend's G,
+    leaky ReRoPE's slope 1/G, and Dual Chunk's chunk of G windows."""
+    from ...extension import DualChunk, ReRoPE, SelfExtend
+
+    if name == "Self-Extend":
+        return SelfExtend(group=group, window=window)
+    if name == "ReRoPE":
+        return ReRoPE(window=window, leak=float(group))
+    if name == "Dual Chunk":
+        return DualChunk(chunk_size=group * window + window, local_size=window)
+    return None
+
+
+@figure("fig-extension-distances")
+def fig_extension_distances(summary: dict[str, Any]) -> Figure:
+    """The distance each training-free method rotates every (query, key) pair by."""
+    pos = torch.arange(EXTENSION_LEN)
+
+    def draw(name: str, window: str, group: str) -> tuple[object, str]:
+        method = extension_method(name, int(window), int(group))
+        d = pos[:, None] - pos[None, :] if method is None else method.relative_positions(pos, pos)
+        rows: list[dict[str, object]] = [
+            {"j": j, "i": i, "distance": charts.rounded(d[i, j])}
+            for i in range(EXTENSION_LEN)
+            for j in range(i + 1)
+        ]
+        chart = charts.heat(
+            rows,
+            "j",
+            "i",
+            "distance",
+            titles=("key position j", "query position i", "distance rotated by"),
+            size=(288, 288),
+            diverging=False,
+            domain=(0, EXTENSION_LEN - 1),
+            tick_every=4,
+        )
+        causal = pos[:, None] >= pos[None, :]
+        longest = float(d[causal].max())
+        exact = int((d[causal] == (pos[:, None] - pos[None, :])[causal]).sum())
+        return charts.spec(chart, rows), (
+            f"{name}: the longest distance any pair meets is {longest:g} (of "
+            f"{EXTENSION_LEN - 1}); {exact} of {int(causal.sum())} pairs keep their true distance"
+        )
+
+    return make_figure(
+        "fig-extension-distances",
+        SCREEN,
+        "Longer context without training: re-mapped distances",
+        f"The distance each (query i, key j) pair of a {EXTENSION_LEN}-token window is rotated by. "
+        "A scaling (above) changes the clocks; these methods keep the clocks and change which "
+        "distance a pair is shown, so that none is longer than training saw. Self-Extend keeps "
+        "neighbours closer than the window W and groups farther positions by G; leaky ReRoPE "
+        "keeps the window and grows 1/G as fast beyond it; Dual Chunk Attention splits the "
+        "sequence into chunks of G·W tokens (plus a local window W kept across each boundary). "
+        "posemb.extended_attention attends exactly so, and hf.patch_extension does it inside a "
+        "transformers model.",
+        "posemb.SelfExtend(G, W).relative_positions(positions, positions) (and ReRoPE, DualChunk)",
+        "Lower-triangular heatmap of distances, light near the diagonal and darker away from it; "
+        "with a method the colour stops growing past the window.",
+        kind="vega",
+        draw=draw,
+        controls=[
+            Control("fig-extension-method", "method", "toggle", EXTENSION_METHODS, 1),
+            Control("fig-extension-window", "window W", "slider", EXTENSION_WINDOWS, 1),
+            Control("fig-extension-group", "group G", "slider", EXTENSION_GROUPS, 1),
+        ],
     )
