@@ -381,10 +381,13 @@ def extended_attention(
     Returns:
         ``(batch, heads, q_len, v_dim)`` in q's dtype. A query that may see no key gets zeros.
 
-    Memory: at most two ``(batch, heads, q_len, k_len)`` logits tensors at once (the sum so far
-    and the next position set's part, each zero outside its region), against one for plain
-    attention, plus the pair masks; the q and k rotations are redone per set (two for
-    Self-Extend and ReRoPE, three for Dual Chunk Attention; a set no pair uses is skipped).
+    Memory and work: queries run in blocks whose logits hold at most 2^24 elements (64 MiB in
+    float32), never the whole ``(batch, heads, q_len, k_len)`` when it is larger; in each
+    block a position set's product is taken over the columns its pairs occupy (Self-Extend's
+    and ReRoPE's window is a band, the causal far part a prefix), plus the ``(q_len, k_len)``
+    pair masks. The q and k rotations are done once per set (two for Self-Extend and ReRoPE
+    under causal attention, three both ways and for Dual Chunk Attention; a set no seen pair
+    uses is skipped).
     """
     q, k, v = (_checks.float_tensor(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
     for name, t in (("q", q), ("k", k), ("v", v)):

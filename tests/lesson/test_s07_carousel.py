@@ -72,7 +72,7 @@ def _defined(method: str, i: int, j: int, W: int, G: int) -> float:
     if method == "ReRoPE":
         return rerope_distance(i, j, W, float(G))
     if method == "Dual Chunk":
-        return dca_distance(i, j, G * W + W, W)
+        return dca_distance(i, j, G * W, W)
     return i - j
 
 
@@ -88,4 +88,4 @@ def test_the_extension_figure_draws_the_definitions(by_id):
                     want = _defined(method, r["i"], r["j"], int(w), int(g))
                     assert abs(r["distance"] - want) < 1e-9, (method, w, g, r)
     readout = fig.readouts[state_key(("Self-Extend", "8", "4"))]
-    assert "the longest distance any pair meets is 13 " in readout  # 31 // 4 + 8 - 8 // 4
+    assert "the longest distance any pair meets is 11 " in readout  # 23 // 4 + 8 - 8 // 4

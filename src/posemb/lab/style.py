@@ -42,9 +42,9 @@ LOOKS: dict[str, Look] = {
     "rope+yarn": Look("#000000", True, "d"),
     "rope+llama3": Look("#AA4499", True, "8"),
     # Training-free extensions, inference-time like the scalings (dashed).
-    "rope+selfextend": Look("#661100", True, "1"),
-    "rope+rerope": Look("#6699CC", True, "2"),
-    "rope+dca": Look("#EE7733", True, "3"),
+    "rope+selfextend": Look("#661100", True, "$S$"),
+    "rope+rerope": Look("#6699CC", True, "$R$"),
+    "rope+dca": Look("#EE7733", True, "$C$"),
     # Position interpolation fine-tuned past the training length (--finetune-steps): trained.
     "rope+pi+ft": Look("#999933", False, "H"),
 }

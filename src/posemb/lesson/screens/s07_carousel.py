@@ -651,15 +651,15 @@ def _which_keep_pair_0() -> str:
 
 
 EXTENSION_METHODS = ("plain RoPE", "Self-Extend", "ReRoPE", "Dual Chunk")
-EXTENSION_WINDOWS = ("4", "8", "12")
+EXTENSION_WINDOWS = ("4", "8")
 EXTENSION_GROUPS = ("2", "4")
-EXTENSION_LEN = 32
+EXTENSION_LEN = 24  # 16 states of 300 pairs: the page carries every state
 
 
 def extension_method(name: str, window: int, group: int) -> Any:
     """The method a state of ``fig-extension-distances`` draws (None for plain RoPE): the window
     is Self-Extend's and ReRoPE's W and Dual Chunk's local size; the group is Self-Extend's G,
-    leaky ReRoPE's slope 1/G, and Dual Chunk's chunk of G windows."""
+    leaky ReRoPE's slope 1/G, and Dual Chunk's chunk of G windows (chunk_size G·W)."""
     from ...extension import DualChunk, ReRoPE, SelfExtend
 
     if name == "Self-Extend":
@@ -667,7 +667,7 @@ def extension_method(name: str, window: int, group: int) -> Any:
     if name == "ReRoPE":
         return ReRoPE(window=window, leak=float(group))
     if name == "Dual Chunk":
-        return DualChunk(chunk_size=group * window + window, local_size=window)
+        return DualChunk(chunk_size=group * window, local_size=window)
     return None
 
 
@@ -711,8 +711,9 @@ def fig_extension_distances(summary: dict[str, Any]) -> Figure:
         "A scaling (above) changes the clocks; these methods keep the clocks and change which "
         "distance a pair is shown, so that none is longer than training saw. Self-Extend keeps "
         "neighbours closer than the window W and groups farther positions by G; leaky ReRoPE "
-        "keeps the window and grows 1/G as fast beyond it; Dual Chunk Attention splits the "
-        "sequence into chunks of G·W tokens (plus a local window W kept across each boundary). "
+        "keeps the window and grows 1/G as fast beyond it; Dual Chunk Attention (chunk_size "
+        "G·W, local window W) splits the sequence into chunks of (G - 1)·W tokens, and does "
+        "nothing where a chunk is longer than the window shown. "
         "posemb.extended_attention attends exactly so, and hf.patch_extension does it inside a "
         "transformers model.",
         "posemb.SelfExtend(G, W).relative_positions(positions, positions) (and ReRoPE, DualChunk)",
