@@ -475,7 +475,7 @@ _BLOCK_ELEMENTS = 1 << 24
 
 
 def _block(
-    sets: list[tuple[torch.Tensor, ...]],
+    sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     hidden: torch.Tensor | None,
     r0: int,
     r1: int,
