@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -118,14 +120,27 @@ def naive(pa, q, k, v, qp, kp, pad=None):
         bias = bias.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
     if pad is not None:
         bias = bias.masked_fill(pad[:, None, None, :], float("-inf"))
+    if pa.kind == "cope":  # its gates read the masked content logits (tests/test_cope.py)
+        kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        logits = q @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+        bias = bias + pa.encoding(q, logits)
     return posemb.dot_product_attention(q, k, v, bias=bias)
+
+
+# The settings an encoding cannot do without, and a CoPE table that is not zero (its default,
+# which would add nothing and test nothing).
+REQUIRED = {"cope": {"max_positions": 6, "init_std": 0.5}, "fope": {"train_len": 8}}
+
+
+def _pa(encoding, **kwargs):
+    return posemb.PositionalAttention(encoding, **kwargs, **REQUIRED.get(encoding, {}))
 
 
 @pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_positional_attention_matches_naive_softmax(encoding, causal):
     torch.manual_seed(0)
-    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=causal).double()
+    pa = _pa(encoding, num_heads=4, head_dim=8, causal=causal).double()
     q, k, v = _qkv(b=2, h=4, hk=2, sq=7, sk=7, d=8)
     v = v[..., :8]
     pos = torch.arange(7)
@@ -143,9 +158,7 @@ def test_positional_attention_matches_naive_softmax(encoding, causal):
 def test_attention_weights_are_what_forward_multiplies_v_by(encoding, causal):
     torch.manual_seed(0)
     temp = posemb.temperature.Llama4AttnTemperature(floor_scale=4, attn_scale=0.5)
-    pa = posemb.PositionalAttention(
-        encoding, num_heads=4, head_dim=8, causal=causal, query_temperature=temp
-    ).double()
+    pa = _pa(encoding, num_heads=4, head_dim=8, causal=causal, query_temperature=temp).double()
     q, k, v = _qkv(b=2, h=4, hk=2, sq=5, sk=7, d=8)
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[1, 2] = True
@@ -172,7 +185,7 @@ def test_attention_weights_are_what_forward_multiplies_v_by(encoding, causal):
 @pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
 def test_decoding_token_by_token_equals_full_forward(encoding):
     torch.manual_seed(1)
-    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    pa = _pa(encoding, num_heads=4, head_dim=8, causal=True).double()
     q, k, v = _qkv(b=2, h=4, hk=1, sq=11, sk=11, d=8, seed=2)
     full = pa(q, k, v)
     steps = [pa(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1]) for t in range(11)]
@@ -262,7 +275,7 @@ def test_gqa_and_masks_reach_sdpa_as_they_are(monkeypatch, encoding):
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    pa = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    pa = _pa(encoding, num_heads=4, head_dim=8, causal=True).double()
     q, k, v = _qkv(b=2, h=4, hk=1, sq=6, sk=6, d=8)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[0, 1] = True
@@ -295,10 +308,8 @@ def _scaled(q, temperature, qp):
 @pytest.mark.parametrize("temperature", TEMPERATURES, ids=lambda t: t.kind)
 @pytest.mark.parametrize("encoding", ATTENTION_ENCODINGS)
 def test_query_temperature_scales_each_query_at_its_position(encoding, temperature):
-    pa = posemb.PositionalAttention(
-        encoding, num_heads=4, head_dim=8, causal=True, query_temperature=temperature
-    ).double()
-    plain = posemb.PositionalAttention(encoding, num_heads=4, head_dim=8, causal=True).double()
+    pa = _pa(encoding, num_heads=4, head_dim=8, causal=True, query_temperature=temperature).double()
+    plain = _pa(encoding, num_heads=4, head_dim=8, causal=True).double()
     plain.load_state_dict(pa.state_dict())
     q, k, v = _qkv(b=2, h=4, hk=2, sq=13, sk=13, d=8, seed=3)
     v = v[..., :8]
@@ -380,7 +391,7 @@ def test_a_query_that_sees_no_key_gets_zeros_everywhere(encoding):
     # by all three, and a query that sees nothing is zeros in all three.
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 3, 3))
-    attn = posemb.PositionalAttention(encoding, num_heads=2, head_dim=8, causal=True)
+    attn = _pa(encoding, num_heads=2, head_dim=8, causal=True)
     for call in (lambda: attn(q, k, v), lambda: attn.attention_weights(q, k)):
         with pytest.raises(ValueError, match="causal attention needs q_len <= k_len"):
             call()

@@ -19,16 +19,20 @@ from .axial import AxialRotaryEmbedding
 from .bias import (
     AlibiBias,
     FireBias,
+    KerpleBias,
     RandomizedPositions,
     T5Bias,
     alibi_bias,
     alibi_slopes,
+    kerple_bias,
     randomized_positions,
     relative_positions,
     t5_relative_bucket,
 )
 from .cache import RotatedKVCache
+from .cope import CoPE, cope_positions
 from .extension import DualChunk, ReRoPE, SelfExtend, extended_attention
+from .fope import FoPE, FourierRotaryEmbedding
 from .freqs import angles, cos_sin, inv_freq, wavelengths
 from .mrope import MRotaryEmbedding
 from .rope import (
@@ -46,9 +50,13 @@ __all__ = [
     "AlibiBias",
     "AxialRotaryEmbedding",
     "BackendUnavailable",
+    "CoPE",
     "DualChunk",
     "FireBias",
+    "FoPE",
+    "FourierRotaryEmbedding",
     "InputError",
+    "KerpleBias",
     "Layout",
     "LearnedEmbedding",
     "MRotaryEmbedding",
@@ -67,11 +75,13 @@ __all__ = [
     "angles",
     "apply_rope",
     "attention_probs",
+    "cope_positions",
     "cos_sin",
     "dot_product_attention",
     "extended_attention",
     "hf",
     "inv_freq",
+    "kerple_bias",
     "make_encoding",
     "permutation_matrix",
     "permute_layout",

@@ -15,9 +15,11 @@ from torch import nn
 
 from . import _checks
 from ._errors import InputError
-from .bias import AlibiBias, FireBias, T5Bias
+from .bias import AlibiBias, FireBias, KerpleBias, T5Bias
+from .cope import CoPE
+from .fope import FourierRotaryEmbedding
 from .rope import RotaryEmbedding, XPos
-from .temperature import QueryTemperature
+from .temperature import QueryTemperature, ScalableSoftmax
 from .temperature import check as _check_temperature
 
 
@@ -27,6 +29,7 @@ def attention_probs(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention weights softmax(q k^T * scale + bias), masked if ``causal``.
 
@@ -40,11 +43,16 @@ def attention_probs(
         bias: additive logits bias broadcastable to ``(batch, heads, q_len, k_len)``; -inf
             hides a key.
         scale: logit scale; default ``1 / sqrt(head_dim)``.
+        sinks: ``(heads,)`` attention-sink logits, as gpt-oss has them (OpenAI 2025,
+            "gpt-oss-120b & gpt-oss-20b Model Card"; ``transformers``' ``modeling_gpt_oss``):
+            each head's softmax gets one more column holding its sink logit, dropped after the
+            softmax, so a row's weights sum to less than 1 and a head can attend to nothing.
 
     Returns:
-        ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); rows sum to 1,
-        but a query that may see no key (every logit -inf) gets a row of zeros, the weights
-        ``torch.nn.functional.scaled_dot_product_attention`` gives it (softmax would give NaN).
+        ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); rows sum to 1
+        (less with sinks), but a query that may see no key (every logit -inf) gets a row of
+        zeros, the weights ``torch.nn.functional.scaled_dot_product_attention`` gives it
+        (softmax would give NaN).
     """
     q = _checks.float_tensor("q", q)
     k = _checks.float_tensor("k", k)
@@ -82,12 +90,26 @@ def attention_probs(
         i = torch.arange(q_len, device=q.device)[:, None] + (k_len - q_len)
         j = torch.arange(k_len, device=q.device)[None, :]
         logits = logits.masked_fill(j > i, float("-inf"))
+    if sinks is not None:
+        return _probs_with_sinks(logits, sinks)
     # One rule for a query that sees nothing, here and in PositionalAttention (issue 30,
     # item 9): zero weights, as SDPA gives; a NaN logit still gives NaN.
     # The row's logits are set to 0 first: a softmax of all -inf is NaN, and its gradient would
     # reach every key through the matmul even where the row is zeroed after it.
     blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
     return torch.softmax(logits.masked_fill(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
+
+
+def _probs_with_sinks(logits: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax over ``logits`` ``(b, h, q, k)`` with one sink column per head, then dropped."""
+    sk = _checks.float_tensor("sinks", sinks)
+    heads = logits.shape[1]
+    if sk.shape != (heads,):
+        raise InputError(f"sinks must have shape (heads,) = ({heads},), got {tuple(sk.shape)}")
+    col = sk.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:3], 1)
+    # The sink is always finite, so a row that sees no key puts all its weight on the sink
+    # and its keys get zeros: the same zero row as without sinks, and no NaN.
+    return torch.softmax(torch.cat([logits, col], dim=-1), dim=-1)[..., :-1]
 
 
 def dot_product_attention(
@@ -97,6 +119,7 @@ def dot_product_attention(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference attention: ``attention_probs(q, k, causal, bias, scale) @ v``.
 
@@ -110,11 +133,12 @@ def dot_product_attention(
         causal: as in :func:`attention_probs`.
         bias: as in :func:`attention_probs`.
         scale: as in :func:`attention_probs`.
+        sinks: ``(heads,)`` sink logits, as in :func:`attention_probs`.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype.
     """
-    p = attention_probs(q, k, causal=causal, bias=bias, scale=scale)
+    p = attention_probs(q, k, causal=causal, bias=bias, scale=scale, sinks=sinks)
     v = _checks.float_tensor("v", v)
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
         raise InputError(
@@ -143,7 +167,7 @@ def permutation_matrix(perm: torch.Tensor | list[int]) -> torch.Tensor:
 
 # --- one entry point for every encoding ----------------------------------------------------------
 
-ATTENTION_ENCODINGS = ("nope", "rope", "xpos", "alibi", "t5", "fire")
+ATTENTION_ENCODINGS = ("nope", "rope", "xpos", "alibi", "t5", "fire", "kerple", "cope", "fope")
 INPUT_ENCODINGS = ("sinusoidal", "learned")
 
 
@@ -157,7 +181,10 @@ def make_encoding(
         num_heads: attention heads.
         head_dim: channels per head.
         causal: T5 buckets become one-directional for causal attention.
-        kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE).
+        kwargs: passed to the encoding's constructor (e.g. ``base``, ``scaling`` for RoPE,
+            ``kind`` for KERPLE, ``max_positions`` for CoPE, ``train_len`` for FoPE, whose
+            one coefficient set is then shared by every head: pass a
+            :class:`FourierRotaryEmbedding` built with ``num_heads`` for one set per head).
     """
     if name in INPUT_ENCODINGS:
         raise InputError(
@@ -172,6 +199,9 @@ def make_encoding(
         "alibi": lambda: AlibiBias(num_heads, **kwargs),
         "t5": lambda: T5Bias(num_heads, bidirectional=not causal, **kwargs),
         "fire": lambda: FireBias(num_heads, **kwargs),
+        "kerple": lambda: KerpleBias(num_heads, **kwargs),
+        "cope": lambda: CoPE(head_dim, **kwargs),
+        "fope": lambda: FourierRotaryEmbedding(head_dim, **kwargs),
     }
     if name not in builders:
         raise InputError(
@@ -184,10 +214,11 @@ def make_encoding(
 class PositionalAttention(nn.Module):
     """Scaled dot-product attention with any posemb encoding, by name or as a module.
 
-    Rotary encodings (RoPE, xPos) turn q and k; bias encodings (ALiBi, T5 buckets, FIRE) add
-    to the logits; NoPE does neither. The work is done by
-    ``torch.nn.functional.scaled_dot_product_attention``, with ``is_causal=True`` whenever no
-    bias or mask is needed, and otherwise a bias built for the shapes of this call only.
+    Rotary encodings (RoPE, xPos, FoPE) turn q and k; bias encodings (ALiBi, T5 buckets, FIRE,
+    KERPLE) add to the logits; CoPE adds logits computed from q and the content logits; NoPE
+    does neither. The work is done by ``torch.nn.functional.scaled_dot_product_attention``,
+    with ``is_causal=True`` whenever no bias or mask is needed, and otherwise a bias built for
+    the shapes of this call only.
 
     Positions work for every encoding: queries default to the last ``q_len`` of ``k_len``
     positions, so a decode step (one query over a cache of k and v, not yet rotated) gives the
@@ -198,13 +229,21 @@ class PositionalAttention(nn.Module):
 
     Args:
         encoding: a name from :data:`ATTENTION_ENCODINGS`, an encoding module
-            (``RotaryEmbedding``, ``XPos``, ``AlibiBias``, ``T5Bias``, ``FireBias``) or None.
+            (``RotaryEmbedding``, ``XPos``, ``FourierRotaryEmbedding``, ``AlibiBias``,
+            ``T5Bias``, ``FireBias``, ``KerpleBias``, ``CoPE``) or None.
         num_heads: query heads.
         head_dim: channels per head.
         causal: mask keys at later positions than the query.
         query_temperature: a :class:`posemb.temperature.QueryTemperature` (Llama 4's or
-            Mistral's); each query is multiplied by its factor at the query's position, the
-            same position RoPE turns it by, so every logit of that query scales by it.
+            Mistral's), each query multiplied by its factor at the query's position, the same
+            position RoPE turns it by, so every logit of that query scales by it; or a
+            :class:`posemb.temperature.ScalableSoftmax` (SSMax), each query multiplied by
+            ``s_h * ln(n)`` with n the number of keys it sees in this call.
+        sinks: a learned attention-sink logit per head (gpt-oss; see :func:`attention_probs`),
+            the parameter ``sinks`` ``(num_heads,)``, initially 0 (a sink as strong as a key
+            whose logit is 0).
+        window: sliding-window attention (Mistral 7B, Gemma 2-3, Cohere2's local layers):
+            a query at position p sees keys at p - window < position <= p; causal only.
         kwargs: passed to the encoding's constructor when ``encoding`` is a name.
     """
 
@@ -215,37 +254,43 @@ class PositionalAttention(nn.Module):
         num_heads: int,
         head_dim: int,
         causal: bool = False,
-        query_temperature: QueryTemperature | None = None,
+        query_temperature: QueryTemperature | ScalableSoftmax | None = None,
+        sinks: bool = False,
+        window: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.positive_int("head_dim", head_dim)
         self.causal = bool(causal)
+        if window is not None:
+            window = _checks.positive_int("window", window)
+            if not self.causal:
+                raise InputError(f"window={window} needs causal=True (a window looks back only)")
+        self.window = window
         self.query_temperature = _check_temperature(query_temperature)
+        temp = self.query_temperature
+        if isinstance(temp, ScalableSoftmax) and temp.num_heads != self.num_heads:
+            raise InputError(
+                f"query_temperature has {self.query_temperature.num_heads} heads, attention "
+                f"has {num_heads}"
+            )
+        if not isinstance(sinks, bool):
+            raise InputError(f"sinks must be True or False, got {sinks!r}")
+        self.register_parameter("sinks", nn.Parameter(torch.zeros(num_heads)) if sinks else None)
         if isinstance(encoding, str):
             self.name = encoding
             self.encoding = make_encoding(encoding, num_heads, head_dim, causal, **kwargs)
         else:
             self.encoding = encoding
             self.name = "nope" if encoding is None else type(encoding).__name__
-        enc = self.encoding
-        if enc is None:
-            self.kind = "none"
-        elif isinstance(enc, XPos):
-            self.kind = "xpos"
-        elif isinstance(enc, RotaryEmbedding):
-            self.kind = "rotary"
-        elif isinstance(enc, (AlibiBias, T5Bias, FireBias)):
-            self.kind = "bias"
-            heads = enc.num_heads
-            if heads != num_heads:
-                raise InputError(f"the bias encoding has {heads} heads, attention has {num_heads}")
-        else:
-            raise InputError(
-                f"encoding must be a name ({', '.join(ATTENTION_ENCODINGS)}), a posemb encoding "
-                f"module or None, got {type(encoding).__name__}"
-            )
+        self.kind = _kind_of(self.encoding, num_heads, head_dim)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A module pickled before sinks and windows existed had neither.
+        state.setdefault("window", None)
+        state.get("_parameters", {}).setdefault("sinks", None)
+        super().__setstate__(state)
 
     def forward(
         self,
@@ -280,6 +325,9 @@ class PositionalAttention(nn.Module):
                 f"k and v must be (batch={q.shape[0]}, kv_heads dividing {q.shape[1]}, k_len, "
                 f"...), got k {tuple(k.shape)} and v {tuple(v.shape)}"
             )
+        if self.sinks is not None:
+            k, v, attn = _append_sink(q, k, v, attn, is_causal, self.sinks)
+            is_causal = False
         # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
         gqa = q.shape[1] != k.shape[1]
         if attn is None:
@@ -310,15 +358,10 @@ class PositionalAttention(nn.Module):
 
         Returns:
             ``(batch, heads, q_len, k_len)`` in float32 (float64 for float64 input); each row
-            sums to 1 over the keys it may see.
+            sums to 1 over the keys it may see (less with sinks).
         """
         q, k, attn, is_causal = self._prepare(q, k, positions, k_positions, key_padding_mask)
-        bias = attn
-        if attn is not None and attn.dtype == torch.bool:
-            # SDPA reads a bool mask as "may attend"; as a logits bias that is 0 or -inf.
-            bias = torch.zeros(attn.shape, dtype=_checks.compute_dtype(q), device=q.device)
-            bias = bias.masked_fill(~attn, float("-inf"))
-        return attention_probs(q, k, causal=is_causal, bias=bias)
+        return attention_probs(q, k, causal=is_causal, bias=_as_bias(attn, q), sinks=self.sinks)
 
     def _prepare(
         self,
@@ -335,6 +378,63 @@ class PositionalAttention(nn.Module):
         ``(batch, heads, q_len, k_len)``, and whether the plain causal mask applies on top
         (only when ``attn`` is None).
         """
+        b, q_len, k_len = self._check_qk(q, k, positions)
+        default_positions = positions is None and k_positions is None
+        kp = _checks.positions_for(
+            "k_positions", k_positions, batch=b, length=k_len, device=k.device
+        )
+        qp = _checks.positions_for(
+            "positions", positions, batch=b, length=q_len, device=q.device, start=k_len - q_len
+        )
+        if not default_positions:  # the causal mask subtracts them: keep clear of int64's ends
+            _checks.within_limit("positions", qp)
+            _checks.within_limit("k_positions", kp)
+        pad = _check_padding(key_padding_mask, b, k_len)
+        enc = self.encoding
+        if isinstance(enc, XPos):
+            q, k = enc(q, k, qp, k_positions=kp)
+        elif self.kind == "rotary":
+            q, k = enc.rotate(q, qp), enc.rotate(k, kp)
+        # SDPA's own causal flag is the fast path, but it cannot be combined with any other
+        # mask or bias, and it assumes positions 0..n-1 for both q and k.
+        fast_causal = (
+            default_positions
+            and q_len == k_len
+            and self.kind not in ("bias", "cope")
+            and pad is None
+            and self.window is None
+        )
+        mask = None  # a boolean mask, True where a key may be seen; SDPA takes it as it is
+        if self.causal and not fast_causal:
+            rel = kp.unsqueeze(-2) - qp.unsqueeze(-1)  # (q, k) or (b, q, k)
+            mask = rel <= 0
+            if self.window is not None:
+                mask = mask & (rel > -self.window)
+            mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
+        if pad is not None:
+            keep = ~pad[:, None, None, :]
+            mask = keep if mask is None else mask & keep
+        temp = self.query_temperature
+        if isinstance(temp, ScalableSoftmax):
+            q = _ssmax_queries(q, temp, _visible(mask, self.causal, q_len, k_len))
+        elif temp is not None:
+            q = _scale_queries(q, temp, qp)
+        bias = None
+        if self.kind == "bias":
+            bias = enc(qp, kp).to(q.dtype)
+        elif self.kind == "cope":
+            bias = _cope_bias(enc, q, k, mask)
+        if bias is None and mask is None:
+            return q, k, None, self.causal
+        attn = mask if bias is None else bias
+        if bias is not None and mask is not None:
+            attn = torch.where(mask, bias, float("-inf"))
+        return q, k, attn, False
+
+    def _check_qk(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None
+    ) -> tuple[int, int, int]:
+        """Refuse q and k this attention cannot take; return ``(batch, q_len, k_len)``."""
         for name, t in (("q", q), ("k", k)):
             _checks.float_tensor(name, t)
             if t.dim() != 4:
@@ -361,62 +461,121 @@ class PositionalAttention(nn.Module):
                 f"k_len positions), got {q_len} > {k_len}; pass positions for queries "
                 f"elsewhere"
             )
-        default_positions = positions is None and k_positions is None
-        kp = _checks.positions_for(
-            "k_positions", k_positions, batch=b, length=k_len, device=k.device
-        )
-        qp = _checks.positions_for(
-            "positions", positions, batch=b, length=q_len, device=q.device, start=k_len - q_len
-        )
-        if not default_positions:  # the causal mask subtracts them: keep clear of int64's ends
-            _checks.within_limit("positions", qp)
-            _checks.within_limit("k_positions", kp)
-        enc = self.encoding
-        if isinstance(enc, XPos):
-            q, k = enc(q, k, qp, k_positions=kp)
-        elif isinstance(enc, RotaryEmbedding):
-            q, k = enc.rotate(q, qp), enc.rotate(k, kp)
-        if self.query_temperature is not None:
-            q = _scale_queries(q, self.query_temperature, qp)
-        bias = None
-        if isinstance(enc, (AlibiBias, T5Bias, FireBias)):
-            bias = enc(qp, kp).to(q.dtype)
-        # SDPA's own causal flag is the fast path, but it cannot be combined with any other
-        # mask or bias, and it assumes positions 0..n-1 for both q and k.
-        fast_causal = (
-            default_positions and q_len == k_len and bias is None and key_padding_mask is None
-        )
-        # A boolean mask, True where a key may be seen; SDPA takes it as it is.
-        mask = None
-        if self.causal and not fast_causal:
-            mask = (kp.unsqueeze(-2) - qp.unsqueeze(-1)) <= 0  # (q, k) or (b, q, k)
-            mask = mask[None, None] if mask.dim() == 2 else mask[:, None]
-        if key_padding_mask is not None:
-            pad = key_padding_mask
-            if (
-                not isinstance(pad, torch.Tensor)
-                or pad.dtype != torch.bool
-                or pad.shape != (b, k_len)
-            ):
-                raise InputError(
-                    f"key_padding_mask must be a bool tensor of shape ({b}, {k_len}), True at "
-                    f"padding, got {getattr(pad, 'dtype', type(pad).__name__)} "
-                    f"{tuple(getattr(pad, 'shape', ()))}"
-                )
-            keep = ~pad[:, None, None, :]
-            mask = keep if mask is None else mask & keep
-        if bias is None and mask is None:
-            return q, k, None, self.causal
-        attn = mask if bias is None else bias
-        if bias is not None and mask is not None:
-            attn = torch.where(mask, bias, float("-inf"))
-        return q, k, attn, False
+        return b, q_len, k_len
 
     def extra_repr(self) -> str:
         text = f"encoding={self.name!r}, num_heads={self.num_heads}, causal={self.causal}"
-        if self.query_temperature is not None:
+        if isinstance(self.query_temperature, QueryTemperature):
             text += f", query_temperature={self.query_temperature!r}"
+        if self.sinks is not None:
+            text += ", sinks=True"
+        if self.window is not None:
+            text += f", window={self.window}"
         return text
+
+
+_ROTARY = (RotaryEmbedding, FourierRotaryEmbedding)
+_BIASES = (AlibiBias, T5Bias, FireBias, KerpleBias)
+
+
+def _kind_of(enc: nn.Module | None, num_heads: int, head_dim: int) -> str:
+    """How :class:`PositionalAttention` applies ``enc``: none, xpos, rotary, bias or cope."""
+    if enc is None:
+        return "none"
+    if isinstance(enc, XPos):
+        return "xpos"
+    if isinstance(enc, _ROTARY):
+        return "rotary"
+    if isinstance(enc, _BIASES):
+        if enc.num_heads != num_heads:
+            raise InputError(
+                f"the bias encoding has {enc.num_heads} heads, attention has {num_heads}"
+            )
+        return "bias"
+    if isinstance(enc, CoPE):
+        if enc.head_dim != head_dim:
+            raise InputError(f"CoPE has head_dim {enc.head_dim}, attention has {head_dim}")
+        return "cope"
+    names = ", ".join(c.__name__ for c in (XPos, *_ROTARY, *_BIASES, CoPE))
+    raise InputError(
+        f"encoding must be a name ({', '.join(ATTENTION_ENCODINGS)}), a posemb encoding module "
+        f"({names}) or None, got {type(enc).__name__}"
+    )
+
+
+def _check_padding(pad: object, b: int, k_len: int) -> torch.Tensor | None:
+    if pad is None:
+        return None
+    if not isinstance(pad, torch.Tensor) or pad.dtype != torch.bool or pad.shape != (b, k_len):
+        raise InputError(
+            f"key_padding_mask must be a bool tensor of shape ({b}, {k_len}), True at "
+            f"padding, got {getattr(pad, 'dtype', type(pad).__name__)} "
+            f"{tuple(getattr(pad, 'shape', ()))}"
+        )
+    return pad
+
+
+def _as_bias(attn: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """An SDPA mask as a logits bias: a bool mask ("may attend") becomes 0 or -inf."""
+    if attn is None or attn.dtype != torch.bool:
+        return attn
+    bias = torch.zeros(attn.shape, dtype=_checks.compute_dtype(q), device=q.device)
+    return bias.masked_fill(~attn, float("-inf"))
+
+
+def _visible(mask: torch.Tensor | None, causal: bool, q_len: int, k_len: int) -> torch.Tensor:
+    """``(batch or 1, q_len)`` counts of the keys each query may see (SSMax's n)."""
+    if mask is not None:
+        return mask.sum(dim=-1).amax(dim=1)  # a mask is (b or 1, 1, q, k)
+    if causal:  # default positions: query i (of the last q_len) sees keys 0..i
+        return torch.arange(k_len - q_len + 1, k_len + 1)[None]
+    return torch.full((1, q_len), k_len)
+
+
+def _ssmax_queries(q: torch.Tensor, ssmax: ScalableSoftmax, visible: torch.Tensor) -> torch.Tensor:
+    """``q`` ``(batch, heads, q_len, head_dim)`` times ``s_h * ln(n)`` per query."""
+    f = ssmax.factor(visible.to(q.device))  # (b or 1, heads, q_len), float32 or wider
+    dt = torch.promote_types(f.dtype, _checks.compute_dtype(q))
+    return (q.to(dt) * f.to(dt)[..., None]).to(q.dtype)
+
+
+def _cope_bias(
+    cope: CoPE, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """CoPE's logits for this call, with -inf where ``mask`` (bool) hides a key."""
+    dt = _checks.compute_dtype(q)
+    kk = k.to(dt).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits = torch.matmul(q.to(dt), kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return cope(q, logits).to(q.dtype)
+
+
+def _append_sink(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn: torch.Tensor | None,
+    is_causal: bool,
+    sinks: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k, v and a float bias with one more key: a zero key (logit 0) and a zero value, biased
+    by each head's sink logit, so that SDPA's softmax includes the sink and its output gains
+    nothing from it; exactly the sink column of :func:`attention_probs`."""
+    b, h, q_len, _ = q.shape
+    k_len = k.shape[2]
+    bias = _as_bias(attn, q)
+    if bias is None:
+        bias = torch.zeros((1, 1, q_len, k_len), dtype=_checks.compute_dtype(q), device=q.device)
+        if is_causal:
+            i = torch.arange(q_len, device=q.device)[:, None] + (k_len - q_len)
+            bias = bias.masked_fill(torch.arange(k_len, device=q.device) > i, float("-inf"))
+    bias = bias.expand(b, h, q_len, k_len)
+    col = sinks.to(bias.dtype)[None, :, None, None].expand(b, h, q_len, 1)
+    zero_k = k.new_zeros((*k.shape[:2], 1, k.shape[3]))
+    zero_v = v.new_zeros((*v.shape[:2], 1, v.shape[3]))
+    attn_sink = torch.cat([bias, col], dim=-1).to(q.dtype)
+    return torch.cat([k, zero_k], dim=2), torch.cat([v, zero_v], dim=2), attn_sink
 
 
 def _scale_queries(

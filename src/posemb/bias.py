@@ -312,6 +312,128 @@ class FireBias(nn.Module):
         return bias.permute(0, 3, 1, 2)
 
 
+# --- KERPLE --------------------------------------------------------------------------------------
+
+KERPLE_KINDS = ("log", "power")
+_KERPLE_EPS = 1e-2  # the authors' code clamps both parameters at 0.01 (chijames/KERPLE)
+
+
+def kerple_bias(
+    r1: torch.Tensor,
+    r2: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    kind: str = "log",
+) -> torch.Tensor:
+    """KERPLE's bias (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for
+    Length Extrapolation", NeurIPS 2022, section 4.2, the two shifted kernels it trains with):
+
+        log:    -r1 * log(1 + r2 * |i - j|)        r1, r2 > 0
+        power:  -r1 * |i - j| ** r2                r1 > 0, 0 < r2 <= 2
+
+    Both are conditionally positive definite kernels turned into a logits bias; the constant
+    shift the paper's derivation adds drops out of the softmax. Formed in float32 (float64 for
+    float64 parameters) and returned in ``r1``'s dtype.
+
+    Args:
+        r1: ``(heads,)`` positive scales.
+        r2: ``(heads,)`` positive rates (log) or exponents in (0, 2] (power).
+        q_positions: ``(q_len,)`` or ``(batch, q_len)`` integers.
+        k_positions: the same, for the keys.
+        kind: "log" or "power".
+
+    Returns:
+        ``(1 or batch, heads, q_len, k_len)``; 0 on the diagonal, negative elsewhere.
+    """
+    if kind not in KERPLE_KINDS:
+        raise InputError(f"kind must be one of {', '.join(KERPLE_KINDS)}, got {kind!r}")
+    a = _checks.float_tensor("r1", r1)
+    b = _checks.float_tensor("r2", r2)
+    if a.dim() != 1 or b.shape != a.shape:
+        raise InputError(
+            f"r1 and r2 must both have shape (heads,), got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    dt = _checks.compute_dtype(a)
+    dist = relative_positions(q_positions, k_positions).to(a.device).abs().to(dt)
+    if dist.dim() == 2:
+        dist = dist[None]
+    dist = dist[:, None]  # (batch, 1, q, k) against (1, heads, 1, 1)
+    s1, s2 = a.to(dt)[None, :, None, None], b.to(dt)[None, :, None, None]
+    if kind == "log":
+        bias = -s1 * torch.log1p(s2 * dist)
+    else:
+        # 0 ** r2 is 0 with an infinite derivative in r2 at 0: keep the distance-0 entries out
+        # of the power so that gradients stay finite.
+        safe = torch.where(dist > 0, dist, torch.ones_like(dist))
+        bias = torch.where(dist > 0, -s1 * safe**s2, torch.zeros_like(dist * s1))
+    return bias.to(a.dtype)
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+class KerpleBias(nn.Module):
+    """KERPLE as a module: learned positive ``r1``, ``r2`` per head (:func:`kerple_bias`).
+
+    The authors' code keeps each parameter positive by clamping its ``.data`` at 0.01 in every
+    forward (and the power's exponent at 2), which mutates state inside ``forward`` and stops
+    the gradient at the clamp. posemb keeps unconstrained parameters and maps them:
+    ``r = 0.01 + softplus(raw)``, and the power's exponent ``r2 = 0.01 + 1.99 * sigmoid(raw)``,
+    so every value the paper allows is reachable and gradients never vanish at a bound. The
+    initial values are drawn as the authors draw them: the log kernel's r1 (their p) uniform
+    in [0, 2) and r2 (their a) in [0, 1); the power kernel's r1 (a) in [0, 1) and r2 (p) in
+    [0, 2); each raised to at least 0.01.
+
+    Args:
+        num_heads: heads.
+        kind: "log" (the paper's best, KERPLE-log) or "power".
+    """
+
+    def __init__(self, num_heads: int, kind: str = "log") -> None:
+        super().__init__()
+        self.num_heads = _checks.positive_int("num_heads", num_heads)
+        if kind not in KERPLE_KINDS:
+            raise InputError(f"kind must be one of {', '.join(KERPLE_KINDS)}, got {kind!r}")
+        self.kind = kind
+        spans = (2.0, 1.0) if kind == "log" else (1.0, 2.0)
+        r1, r2 = ((torch.rand(num_heads) * s).clamp(min=_KERPLE_EPS) for s in spans)
+        self.raw_r1 = nn.Parameter(self._to_raw(r1, exponent=False))
+        self.raw_r2 = nn.Parameter(self._to_raw(r2, exponent=kind == "power"))
+
+    @staticmethod
+    def _to_raw(r: torch.Tensor, exponent: bool) -> torch.Tensor:
+        # Values at the 0.01 floor would invert to -inf: nudge them just above it.
+        r = r.clamp(min=_KERPLE_EPS * 1.001)
+        if exponent:
+            r = r.clamp(max=2.0 - 1e-3)
+            return torch.logit((r - _KERPLE_EPS) / (2.0 - _KERPLE_EPS))
+        return _inverse_softplus(r - _KERPLE_EPS)
+
+    @property
+    def r1(self) -> torch.Tensor:
+        """``(heads,)`` positive scales."""
+        return _KERPLE_EPS + torch.nn.functional.softplus(self.raw_r1)
+
+    @property
+    def r2(self) -> torch.Tensor:
+        """``(heads,)`` positive rates (log) or exponents in (0, 2] (power)."""
+        if self.kind == "power":
+            return _KERPLE_EPS + (2.0 - _KERPLE_EPS) * torch.sigmoid(self.raw_r2)
+        return _KERPLE_EPS + torch.nn.functional.softplus(self.raw_r2)
+
+    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The bias for these positions, in the parameters' dtype.
+
+        ``q_positions`` is ``(q_len,)`` or ``(batch, q_len)``, ``k_positions`` likewise with
+        k_len; the bias is ``(batch, heads, q_len, k_len)``, with batch 1 for 1-D positions.
+        """
+        return kerple_bias(self.r1, self.r2, q_positions, k_positions, self.kind)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, kind={self.kind!r}"
+
+
 # --- randomised positions ------------------------------------------------------------------------
 
 

@@ -240,16 +240,89 @@ class Llama4ScalingBetaTemperature(QueryTemperature):
         return f"1 + {self.beta:g} * ln(1 + floor(p / {self.original_max_position_embeddings}))"
 
 
+def ssmax_factor(visible: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Scalable-Softmax's factor on the queries (Nakanishi 2025, "Scalable-Softmax Is Superior
+    for Attention", arXiv:2501.19399, section 2): SSMax(z) = softmax(s * ln(n) * z), so each
+    query's logits are multiplied by ``s * ln(n)``, where n is the number of keys that query
+    attends over (its softmax's input size) and s a scalar learned per layer and head.
+
+    Unlike the temperatures above it is not floored and not 1 over the training length: it
+    grows from 0 at n = 1 (one key, whose weight is 1 whatever the logit) with every key.
+
+    Args:
+        visible: ``(batch, q_len)`` or ``(q_len,)`` counts n >= 1 of the keys each query sees.
+        s: ``(heads,)`` scales.
+
+    Returns:
+        ``(batch, heads, q_len)`` (batch 1 for 1-D counts) in float32 (float64 for float64
+        ``s``).
+    """
+    sc = _checks.float_tensor("s", s)
+    if sc.dim() != 1:
+        raise InputError(f"s must have shape (heads,), got {tuple(sc.shape)}")
+    n = torch.as_tensor(visible)
+    if n.dim() == 1:
+        n = n[None]
+    if n.dim() != 2:
+        raise InputError(
+            f"visible must have shape (q_len,) or (batch, q_len), got {tuple(n.shape)}"
+        )
+    dt = _checks.compute_dtype(sc)
+    # n = 0 (a query that sees nothing) gives ln 0 = -inf: such a row is zeroed downstream,
+    # and a factor of 0 keeps it finite meanwhile.
+    log_n = torch.log(n.to(device=sc.device, dtype=dt).clamp(min=1.0))
+    return sc.to(dt)[None, :, None] * log_n[:, None, :]
+
+
+class ScalableSoftmax(torch.nn.Module):
+    """SSMax as a module: a learned ``s`` per head (:func:`ssmax_factor`), for
+    :class:`posemb.PositionalAttention`'s ``query_temperature``.
+
+    :class:`~posemb.PositionalAttention` counts the keys each query sees (causality and
+    padding included) and multiplies the query by ``s_h * ln(n)`` after any rotation, so every
+    content logit of that query is scaled (an added bias is not). The paper's Figure 1
+    illustrates s = 0.43, posemb's default initial value; with it a query over 64 keys has its
+    logits multiplied by 1.79, over 1024 by 2.98.
+
+    Args:
+        num_heads: heads.
+        init_s: the initial s of every head (> 0).
+        learnable: False keeps s fixed (a buffer).
+    """
+
+    def __init__(self, num_heads: int, init_s: float = 0.43, learnable: bool = True) -> None:
+        super().__init__()
+        self.num_heads = _checks.positive_int("num_heads", num_heads)
+        value = _checks.number("init_s", init_s, minimum=0.0, strict=True)
+        s = torch.full((self.num_heads,), value)
+        if learnable:
+            self.s = torch.nn.Parameter(s)
+        else:
+            self.register_buffer("s", s)
+
+    def factor(self, visible: torch.Tensor) -> torch.Tensor:
+        """``(batch, heads, q_len)`` factors for ``visible`` ``(batch, q_len)`` key counts."""
+        return ssmax_factor(visible, self.s)
+
+    def formula(self) -> str:
+        """The factor as a formula in n, the number of keys a query sees."""
+        return "s_h * ln(n)"
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, learnable={isinstance(self.s, torch.nn.Parameter)}"
+
+
 TEMPERATURES: dict[str, type[QueryTemperature]] = {
     cls.kind: cls for cls in (Llama4AttnTemperature, Llama4ScalingBetaTemperature)
 }
 
 
-def check(temperature: object) -> QueryTemperature | None:
-    """Return ``temperature`` if it is None or a :class:`QueryTemperature`, else raise."""
-    if temperature is None or isinstance(temperature, QueryTemperature):
+def check(temperature: object) -> QueryTemperature | ScalableSoftmax | None:
+    """Return ``temperature`` if it is None, a :class:`QueryTemperature` or a
+    :class:`ScalableSoftmax`, else raise."""
+    if temperature is None or isinstance(temperature, (QueryTemperature, ScalableSoftmax)):
         return temperature
-    names = ", ".join(cls.__name__ for cls in TEMPERATURES.values())
+    names = ", ".join([*(cls.__name__ for cls in TEMPERATURES.values()), "ScalableSoftmax"])
     raise InputError(
         f"query_temperature must be a posemb.temperature object ({names}) or None, "
         f"got {type(temperature).__name__}"
@@ -261,7 +334,9 @@ __all__ = [
     "Llama4AttnTemperature",
     "Llama4ScalingBetaTemperature",
     "QueryTemperature",
+    "ScalableSoftmax",
     "check",
     "llama4_attn_temperature",
     "llama4_scaling_beta_temperature",
+    "ssmax_factor",
 ]
