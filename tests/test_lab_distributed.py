@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posemb import cli
-from posemb.lab import distributed, sweep
+from posemb.lab import distributed, resumable, sweep
 
 TINY = dataclasses.replace(
     sweep.quick_config(),
@@ -59,7 +59,7 @@ EVAL_RTOL = 1e-5
 
 
 def _recording_progress(losses):
-    """A stand-in for sweep._progress that keeps the loss of every step."""
+    """A stand-in for resumable._progress that keeps the loss of every step."""
 
     def progress(total, label, slot, quiet, initial=0):
         def update(n, loss, close=False):
@@ -96,7 +96,7 @@ def _rank_main(rank, world, port, out, queue):
         )
         torch.set_num_threads(1)
         losses, writes = [], []
-        sweep._progress = _recording_progress(losses)
+        resumable._progress = _recording_progress(losses)
         _record_writes(writes)
         try:
             sweep.run(dataclasses.replace(TINY, data_parallel=True, batch=5), out + "-odd")
@@ -149,7 +149,7 @@ def test_two_gloo_ranks_train_one_model_like_one_process(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank: differences are then the batch split's alone
     single_losses: list[float] = []
-    monkeypatch.setattr(sweep, "_progress", _recording_progress(single_losses))
+    monkeypatch.setattr(resumable, "_progress", _recording_progress(single_losses))
     try:
         single = sweep.run(TINY, str(tmp_path / "one"), quiet=True)
         got = dict(queue.get(timeout=120) for _ in procs)

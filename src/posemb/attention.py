@@ -247,6 +247,8 @@ class PositionalAttention(nn.Module):
         kwargs: passed to the encoding's constructor when ``encoding`` is a name.
     """
 
+    sinks: torch.Tensor | None
+
     def __init__(
         self,
         encoding: str | nn.Module | None = "rope",
@@ -272,8 +274,7 @@ class PositionalAttention(nn.Module):
         temp = self.query_temperature
         if isinstance(temp, ScalableSoftmax) and temp.num_heads != self.num_heads:
             raise InputError(
-                f"query_temperature has {self.query_temperature.num_heads} heads, attention "
-                f"has {num_heads}"
+                f"query_temperature has {temp.num_heads} heads, attention has {num_heads}"
             )
         if not isinstance(sinks, bool):
             raise InputError(f"sinks must be True or False, got {sinks!r}")
@@ -393,7 +394,7 @@ class PositionalAttention(nn.Module):
         enc = self.encoding
         if isinstance(enc, XPos):
             q, k = enc(q, k, qp, k_positions=kp)
-        elif self.kind == "rotary":
+        elif isinstance(enc, (RotaryEmbedding, FourierRotaryEmbedding)):
             q, k = enc.rotate(q, qp), enc.rotate(k, kp)
         # SDPA's own causal flag is the fast path, but it cannot be combined with any other
         # mask or bias, and it assumes positions 0..n-1 for both q and k.
@@ -420,9 +421,9 @@ class PositionalAttention(nn.Module):
         elif temp is not None:
             q = _scale_queries(q, temp, qp)
         bias = None
-        if self.kind == "bias":
+        if isinstance(enc, (AlibiBias, T5Bias, FireBias, KerpleBias)):
             bias = enc(qp, kp).to(q.dtype)
-        elif self.kind == "cope":
+        elif isinstance(enc, CoPE):
             bias = _cope_bias(enc, q, k, mask)
         if bias is None and mask is None:
             return q, k, None, self.causal

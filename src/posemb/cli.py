@@ -284,6 +284,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     # At the door: a run can take hours, and its plots come at the end.
     _extras.require("matplotlib", "posemb lab (its plots)", "lab")
     from .lab import report, sweep
+    from .lab.config import SUITES
 
     preset = args.preset
     if args.quick:
@@ -300,6 +301,11 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             )
     presets = {"quick": sweep.quick_config, "gpu": sweep.gpu_config}
     base = presets[preset]() if preset else sweep.LabConfig()
+    if args.suite:
+        if preset:
+            raise InputError(f"--suite chooses variants and tasks; --preset {preset} has its own")
+        suite_variants, suite_tasks = SUITES[args.suite]
+        base = dataclasses.replace(base, variants=suite_variants, tasks=suite_tasks)
     eval_lens = tuple(args.eval_lens) if args.eval_lens else None
     if args.train_len is not None and eval_lens is None:
         eval_lens = tuple(args.train_len * m for m in (1, 2, 4, 8, 16))
@@ -319,6 +325,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "finetune_steps": args.finetune_steps,
             "tasks": tuple(args.tasks) if args.tasks else None,
             "retrieval_steps": args.retrieval_steps,
+            "multikey_steps": args.multikey_steps,
+            "vartrack_steps": args.vartrack_steps,
             "race_len": args.race_len,
             "race_steps": tuple(args.race_steps) if args.race_steps else None,
             "race_seeds": tuple(args.race_seeds) if args.race_seeds else None,
@@ -329,7 +337,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         if v is not None
     }
     cfg = dataclasses.replace(base, **overrides)
-    out = args.out or {"quick": "lab-quick", "gpu": "lab-gpu"}.get(preset or "", "lab-results")
+    named = {"quick": "lab-quick", "gpu": "lab-gpu", "recent": "lab-recent", "all": "lab-all"}
+    out = args.out or named.get(preset or args.suite or "", "lab-results")
     summary = sweep.run(cfg, out, quiet=args.json, force=args.force)
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
@@ -571,9 +580,18 @@ def _add_lab(sub: Any) -> None:
         "--tasks",
         nargs="+",
         metavar="TASK",
-        help="lm (loss), retrieval, entropy, race (default: all)",
+        help="lm (loss), retrieval, entropy, race, multikey, vartrack (default: the suite's)",
+    )
+    lab.add_argument(
+        "--suite",
+        choices=("classic", "recent", "all"),
+        help="classic (default): the encodings of 2017-2023, scalings and extensions on loss, "
+        "retrieval, entropy and the race; recent: those of 2024-26 beside rope and nope on "
+        "loss, retrieval, multikey, vartrack and entropy; all: both",
     )
     lab.add_argument("--retrieval-steps", type=int, help="training steps per retrieval model")
+    lab.add_argument("--multikey-steps", type=int, help="training steps per multikey model")
+    lab.add_argument("--vartrack-steps", type=int, help="training steps per vartrack model")
     lab.add_argument("--race-len", type=int, help="length the race fine-tunes at (default 4x)")
     lab.add_argument("--race-steps", type=int, nargs="+", help="race milestones N (steps)")
     lab.add_argument("--race-seeds", type=int, nargs="+", help="fine-tuning seeds of the race")

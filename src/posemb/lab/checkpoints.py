@@ -34,15 +34,22 @@ LAB_FILES = ("protocol.json", "invocations.json", "results.json", "results.md", 
 _JOB_FILES = (("runs", ".json"), ("checkpoints", ".pt"))
 
 
+# The probe tasks' job kinds (posemb.lab.tasks.PROBE_TASKS; named here, below that table).
+PROBE_KINDS = ("retrieval", "multikey", "vartrack")
+
+
 def job_paths(
     out: str, encoding: str, seed: int, kind: str = "lm", race_seed: int | None = None
 ) -> tuple[str, str]:
     """(checkpoint, result) files of one job under ``out``."""
-    name = {
-        "lm": f"{encoding}-seed{seed}",
-        "retrieval": f"retrieval-{encoding}-seed{seed}",
-        "race": f"race-{encoding}-seed{seed}-race{race_seed}",
-    }[kind]
+    if kind == "race":
+        name = f"race-{encoding}-seed{seed}-race{race_seed}"
+    elif kind in PROBE_KINDS:
+        name = f"{kind}-{encoding}-seed{seed}"
+    elif kind == "lm":
+        name = f"{encoding}-seed{seed}"
+    else:
+        raise InputError(f"unknown job kind {kind!r}; known: lm, {', '.join(PROBE_KINDS)}, race")
     return (
         os.path.join(out, "checkpoints", f"{name}.pt"),
         os.path.join(out, "runs", f"{name}.json"),
@@ -59,8 +66,10 @@ def write_file(out: str, path: str, data: bytes) -> None:
     folder(out).write_bytes(os.path.relpath(path, out), data)
 
 
-# A job's file name (job_paths): a variant's name (letters, digits, "+") and its seeds.
-_JOB_NAME = re.compile(r"(?:retrieval-)?[a-z0-9+]+-seed\d+|race-[a-z0-9+]+-seed\d+-race\d+")
+# A job's file name (job_paths): a variant's name (letters, digits, "+", "-") and its seeds.
+_JOB_NAME = re.compile(
+    r"(?:(?:retrieval|multikey|vartrack)-)?[a-z0-9+-]+-seed\d+|race-[a-z0-9+-]+-seed\d+-race\d+"
+)
 
 
 def is_lab_file(rel: str) -> bool:

@@ -16,13 +16,25 @@ from .._errors import InputError
 from .._version import __version__
 from . import corpus as _corpus
 from . import distributed as _dp
+from . import multikey as _multikey
 from . import race as _race
 from . import retrieval as _retrieval
+from . import vartrack as _vartrack
 from .model import EXTENSIONS, SCALINGS, VARIANTS, check_heads
+from .tasks import PROBE_TASKS
+from .variants import CLASSIC, RECENT
 
-DEFAULT_VARIANTS = VARIANTS  # every trained encoding, inference-time scaling and extension
 INFERENCE = SCALINGS + EXTENSIONS
-TASKS = ("lm", "retrieval", "entropy", "race")
+TASKS = ("lm", "retrieval", "entropy", "race", "multikey", "vartrack")
+# Two suites, each within the default run's time budget on the 2-core machine: the encodings of
+# 2017-2023 on the lab's first tasks (the protocol docs/lab's findings come from), and those of
+# 2024-26 beside RoPE and NoPE on the long-context tasks; "all" runs both in one folder.
+SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "classic": (CLASSIC + INFERENCE, ("lm", "retrieval", "entropy", "race")),
+    "recent": (("rope", "nope", *RECENT), ("lm", "retrieval", "multikey", "vartrack", "entropy")),
+    "all": (VARIANTS, TASKS),
+}
+DEFAULT_VARIANTS, DEFAULT_TASKS = SUITES["classic"]
 EVAL_SEED = 1234  # the held-out windows are the same for every variant and seed
 WEIGHT_DECAY = 0.01
 FINETUNE_LR_FRACTION = 0.5  # of --lr, constant: a short fine-tune of a trained model
@@ -41,6 +53,11 @@ _POSITIVE = (
     "retrieval_batch",
     "retrieval_probes",
     "entropy_windows",
+    "multikey_needles",
+    "multikey_steps",
+    "vartrack_hops",
+    "vartrack_chains",
+    "vartrack_steps",
 )
 # Settings that change no job's numbers, or that say which jobs run rather than what they do.
 # device and data_parallel change numbers by float rounding only, as the thread count does
@@ -60,15 +77,14 @@ _NOT_PROTOCOL = (
 # what only its evaluation reads: LabConfig.job_key keeps them apart.
 _LM_TRAIN_KEYS = ("train_len", "steps", "width", "layers", "heads", "batch", "lr")
 _LM_EVAL_KEYS = ("eval_lens", "eval_windows", "entropy_windows", "finetune_len", "finetune_steps")
-_RETRIEVAL_TRAIN_KEYS = (
+# What every probe task's model depends on (PROBE_TASKS adds its own sizes and steps).
+_PROBE_TRAIN_KEYS = (
     "train_len",
     "heads",
-    "retrieval_steps",
     "retrieval_width",
     "retrieval_layers",
     "retrieval_batch",
     "retrieval_lr",
-    "retrieval_facts",
 )
 _RETRIEVAL_EVAL_KEYS = ("eval_lens", "retrieval_probes")
 _RACE_KEYS = ("eval_lens", "eval_windows", "retrieval_probes", "race_len", "race_steps")
@@ -86,6 +102,8 @@ _CLI_FLAGS = frozenset(
         "finetune_steps",
         "tasks",
         "retrieval_steps",
+        "multikey_steps",
+        "vartrack_steps",
         "race_len",
         "race_steps",
         "race_seeds",
@@ -136,7 +154,7 @@ class LabConfig:
     checkpoint_every: int = 100
     finetune_len: int | None = None
     finetune_steps: int = 0
-    tasks: tuple[str, ...] = TASKS
+    tasks: tuple[str, ...] = DEFAULT_TASKS
     retrieval_steps: int = 600
     retrieval_width: int = 64
     retrieval_layers: int = 2
@@ -145,6 +163,11 @@ class LabConfig:
     retrieval_facts: int = 4
     retrieval_probes: int = 64
     entropy_windows: int = 4
+    multikey_needles: int = _multikey.NEEDLES
+    multikey_steps: int = 600
+    vartrack_hops: int = _vartrack.HOPS
+    vartrack_chains: int = _vartrack.CHAINS
+    vartrack_steps: int = 600
     race_len: int = 256
     race_steps: tuple[int, ...] = (0, 25, 50, 100, 200)
     race_seeds: tuple[int, ...] = (0, 1)
@@ -235,6 +258,10 @@ class LabConfig:
                 f"{facts} facts (two positions each, {_flag('retrieval_facts')}): use "
                 f"--train-len {2 * facts} or more, or --tasks without retrieval and race"
             )
+        for name in ("multikey", "vartrack"):
+            if name in self.tasks:
+                task = PROBE_TASKS[name]
+                task.module.check_sizes(*task.sizes(self), self.train_len)
         if "race" in self.tasks:
             race_len = self.race_len
             if not _is_int(race_len) or not self.train_len < race_len <= lens[-1]:
@@ -301,8 +328,9 @@ class LabConfig:
         scalings and tasks asked for), so that adding a variant or a task re-evaluates a
         finished model instead of training it again. A race job has one key for both.
         """
-        if kind not in ("lm", "retrieval", "race"):
-            raise InputError(f"unknown job kind {kind!r}; known: lm, retrieval, race")
+        kinds = ("lm", *PROBE_TASKS, "race")
+        if kind not in kinds:
+            raise InputError(f"unknown job kind {kind!r}; known: {', '.join(kinds)}")
         if stage not in ("train", "result"):
             raise InputError(f"unknown stage {stage!r}; known: train, result")
         d = asdict(self)
@@ -310,7 +338,9 @@ class LabConfig:
         base |= {"max_len": max(self.eval_lens)}
         lm_train = base | {k: d[k] for k in _LM_TRAIN_KEYS}
         lm_train["corpus"] = _corpus.content_id(self.corpus)
-        ret_train = base | {k: d[k] for k in _RETRIEVAL_TRAIN_KEYS}
+        probe = PROBE_TASKS["retrieval" if kind in ("lm", "race") else kind]
+        probe_keys = (*_PROBE_TRAIN_KEYS, *probe.size_fields, probe.steps_field)
+        ret_train = base | {k: d[k] for k in probe_keys}
         # The rope jobs also evaluate the scalings and extensions asked for: another set is
         # another result.
         scalings = sorted(v for v in self.variants if v in INFERENCE) if encoding == "rope" else []

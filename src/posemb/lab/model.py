@@ -24,9 +24,10 @@ from ..attention import PositionalAttention
 from ..bias import RandomizedPositions
 from ..extension import Extension, extended_attention
 from ..rope import RotaryEmbedding
+from .variants import TRAINED, LayerPlan, layer_plans
 
-# Encodings a model is trained with, and inference-time scalings applied to the "rope" model.
-TRAINED = ("learned", "sinusoidal", "nope", "alibi", "rope", "t5", "fire", "xpos", "randomized")
+# Inference-time scalings applied to the trained "rope" model (the trained encodings and what
+# each puts in each layer: posemb.lab.variants).
 SCALINGS = ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn", "rope+llama3")
 # Training-free context extensions of the trained "rope" model (issue 33), at inference.
 EXTENSIONS = ("rope+selfextend", "rope+rerope", "rope+dca")
@@ -70,10 +71,14 @@ class Block(nn.Module):
 
     Every lab model stacks these: the character LM (causal) and the dog-bites-man encoder
     (bidirectional). ``forward(x (b, s, width), positions=None) -> (b, s, width)``; positions
-    ``(s,)`` or ``(b, s)`` serve both queries and keys (self-attention).
+    ``(s,)`` or ``(b, s)`` serve both queries and keys (self-attention). ``plan`` (a
+    :class:`posemb.lab.variants.LayerPlan`) adds a window, sinks, a query temperature or the
+    encoding's settings; without one the attention is ``encoding``'s with its defaults.
     """
 
-    def __init__(self, width: int, heads: int, encoding: str, causal: bool) -> None:
+    def __init__(
+        self, width: int, heads: int, encoding: str, causal: bool, plan: LayerPlan | None = None
+    ) -> None:
         super().__init__()
         check_heads(width, heads)
         self.heads = heads
@@ -86,8 +91,15 @@ class Block(nn.Module):
         # kept as it was so that seeded runs give the same numbers.
         self.norm1 = nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width)
+        enc: str | nn.Module = encoding
+        extra = {}
+        if plan is not None:
+            enc, extra = (
+                plan.attention_encoding(heads, width // heads),
+                plan.attention_kwargs(heads),
+            )
         self.attn = PositionalAttention(
-            encoding, num_heads=heads, head_dim=width // heads, causal=causal
+            enc, num_heads=heads, head_dim=width // heads, causal=causal, **extra
         )
         self.proj = nn.Linear(width, width)
         self.norm2 = nn.LayerNorm(width)
@@ -135,12 +147,11 @@ class TinyLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.width)
         self.input_pos: nn.Module | None = None
-        attn_enc = cfg.encoding
         if cfg.encoding == "learned":
             # Rows past train_len exist but are never trained: evaluating there is labelled so.
-            self.input_pos, attn_enc = LearnedEmbedding(cfg.max_len, cfg.width), "nope"
+            self.input_pos = LearnedEmbedding(cfg.max_len, cfg.width)
         elif cfg.encoding == "sinusoidal":
-            self.input_pos, attn_enc = SinusoidalEmbedding(cfg.width), "nope"
+            self.input_pos = SinusoidalEmbedding(cfg.width)
         self.randomized = RandomizedPositions(cfg.max_len) if cfg.encoding == "randomized" else None
         # Where training draws randomised positions from: a job sets its own (and saves its
         # state with the checkpoint) so that a resumed run draws what an unbroken one would;
@@ -150,13 +161,14 @@ class TinyLM(nn.Module):
         # from the same generator and keeps its rows, as it does with the data, so that one
         # saved generator state resumes every rank and the run matches one process exactly.
         self.position_shard: tuple[int, int] = (0, 1)
-        if cfg.encoding == "randomized":
-            attn_enc = "rope"
+        plans = layer_plans(cfg.encoding, cfg.layers, cfg.heads, cfg.train_len)
         self.blocks = nn.ModuleList(
-            Block(cfg.width, cfg.heads, attn_enc, causal=True) for _ in range(cfg.layers)
+            Block(cfg.width, cfg.heads, p.encoding, causal=True, plan=p) for p in plans
         )
         self.norm = nn.LayerNorm(cfg.width)
         self.out = nn.Linear(cfg.width, cfg.vocab)
+        # What set_scaling(None) restores: the schedules the variant trains with.
+        self._own_scalings = [r.scaling for r in self.rotary_modules()]
 
     def rotary_modules(self) -> list[RotaryEmbedding]:
         """The RoPE modules of every layer (empty for other encodings)."""
@@ -164,9 +176,12 @@ class TinyLM(nn.Module):
         return [e for e in encodings if isinstance(e, RotaryEmbedding)]
 
     def set_scaling(self, scaling: sc.RopeScaling | None) -> None:
-        """Use another RoPE schedule at inference (position interpolation, NTK, YaRN, ...)."""
-        for rope in self.rotary_modules():
-            rope.scaling = sc.check(scaling)
+        """Use another RoPE schedule at inference (position interpolation, NTK, YaRN, ...); None
+        gives each rotary module back the schedule it was built with (p-RoPE keeps its own)."""
+        ropes = self.rotary_modules()
+        own = getattr(self, "_own_scalings", None) or [r.scaling for r in ropes]
+        for rope, trained in zip(ropes, own, strict=True):
+            rope.scaling = trained if scaling is None else sc.check(scaling)
 
     def set_extension(self, method: Extension | None) -> None:
         """Attend under a training-free extension (:class:`posemb.SelfExtend`, ReRoPE,

@@ -8,13 +8,14 @@ regenerates it, and a test checks that it still matches.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
 import math
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -28,6 +29,7 @@ from .invocations import how_it_ran, invocation, machine_description, one_invoca
 from .plots import draw as _plots
 from .race import RACE_UNIT
 from .schema import Summary
+from .tasks import PROBE_TASKS
 
 if TYPE_CHECKING:
     from .config import LabConfig
@@ -88,7 +90,6 @@ def summarise(
             per_len[key] = entry
         if per_len:
             table[variant] = per_len
-    retrieval = [r for r in results if r.get("kind") == "retrieval"]
     race = [r for r in results if r.get("kind") == "race"]
     return {
         "config": {k: v for k, v in asdict(cfg).items()},
@@ -97,9 +98,7 @@ def summarise(
         "results": table,
         "coincide": coincident(table),
         # The race trains a retrieval model of its own; that is not the retrieval task.
-        "retrieval": _retrieval_summary(cfg, retrieval)
-        if retrieval and "retrieval" in cfg.tasks
-        else None,
+        **{task: _probe_summary(cfg, results, task) for task in PROBE_TASKS},
         "entropy": _entropy_summary(cfg, lm) if "entropy" in cfg.tasks and lm else None,
         "race": _race_summary(cfg, race) if race else None,
         "train_seconds": {_job_name(r): r["train_seconds"] for r in results},
@@ -172,9 +171,13 @@ def coincident(table: dict) -> list[list[str]]:
     return [g for g in groups if len(g) > 1]
 
 
-def _retrieval_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object]:
-    from . import retrieval
-
+def _probe_summary(cfg: LabConfig, results: Sequence[dict], task: str) -> dict[str, object] | None:
+    """A probe task's accuracies by variant and length, by distance, with chance and sizes;
+    None when the sweep did not run the task."""
+    rows = [r for r in results if r.get("kind") == task]
+    if not rows or task not in cfg.tasks:
+        return None
+    probe_task = PROBE_TASKS[task]
     variants: dict[str, dict[str, object]] = {}
     pooled: dict[str, dict[str, object]] = {}
     names = [v for v in cfg.variants if any(v in r["variants"] for r in rows)]
@@ -196,9 +199,13 @@ def _retrieval_summary(cfg: LabConfig, rows: Sequence[dict]) -> dict[str, object
             }
         variants[variant] = per_len
         pooled[variant] = {label: accuracy(c) for label, c in bins.items()}
+    sizes = dict(zip(probe_task.size_fields, probe_task.sizes(cfg), strict=True))
     return {
-        "chance": retrieval.CHANCE,
-        "facts": cfg.retrieval_facts,
+        "chance": probe_task.chance,
+        # The retrieval task's one size keeps its first name (the lesson and schema read it).
+        **({"facts": cfg.retrieval_facts} if task == "retrieval" else {}),
+        "sizes": sizes,
+        "description": probe_task.description,
         "probes": cfg.retrieval_probes,
         "final_train_loss": {
             f"{r['encoding']}-seed{r['seed']}": r["final_train_loss"] for r in rows
@@ -469,7 +476,8 @@ def markdown(summary: dict) -> str:
         "rows that were never trained (only weight decay touched them), which is what such a model "
         "does when run longer.",
     ]
-    for part in (_retrieval_md, _entropy_md, _race_md):
+    parts: list[Callable[[dict], str]] = [functools.partial(_probe_md, task=t) for t in PROBE_TASKS]
+    for part in (*parts, _entropy_md, _race_md):
         text = part(summary)
         if text:
             lines += ["", text]
@@ -507,8 +515,8 @@ def _len_head(lens: Sequence[int], train: int) -> str:
     return " | ".join(f"{n} ({n // train}x)" if n % train == 0 else str(n) for n in lens)
 
 
-def _retrieval_md(summary: dict) -> str:
-    r = summary.get("retrieval")
+def _probe_md(summary: dict, task: str) -> str:
+    r = summary.get(task)
     if not r or not r["variants"]:
         return ""
     cfg = summary["config"]
@@ -516,12 +524,24 @@ def _retrieval_md(summary: dict) -> str:
     worst_se = max(
         e["anywhere"]["se"] for per_len in r["variants"].values() for e in per_len.values()
     )
+    noise = f"Binomial standard error at most {worst_se:.2f} per cell" + (
+        ", ± std over seeds." if len(cfg["seeds"]) > 1 else "."
+    )
+    if task == "retrieval":
+        head = (
+            f"Retrieval accuracy ({r['facts']} facts per window, the query last, its fact at a "
+            f"random depth; {r['probes']} probes per length and seed; chance "
+            f"{r['chance']:.3f}). {noise} Control: the queried fact removed, pooled over lengths."
+        )
+    else:
+        sizes = ", ".join(f"{k} {v}" for k, v in r["sizes"].items())
+        head = (
+            f"{task.capitalize()} accuracy ({r['description']}; {sizes}; {r['probes']} probes "
+            f"per length and seed; chance {r['chance']:.3f}). {noise} Control: what the answer "
+            f"depends on removed, pooled over lengths."
+        )
     lines = [
-        f"Retrieval accuracy ({r['facts']} facts per window, the query last, its fact at a "
-        f"random depth; {r['probes']} probes per length and seed; chance {r['chance']:.3f}). "
-        f"Binomial standard error at most {worst_se:.2f} per cell"
-        + (", ± std over seeds." if len(cfg["seeds"]) > 1 else ".")
-        + " Control: the queried fact removed, pooled over lengths.",
+        head,
         "",
         f"| variant | {_len_head(lens, train)} | control |",
         "|" + "---|" * (len(lens) + 2),

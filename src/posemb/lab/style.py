@@ -45,6 +45,16 @@ LOOKS: dict[str, Look] = {
     "rope+selfextend": Look("#661100", True, "$S$"),
     "rope+rerope": Look("#6699CC", True, "$R$"),
     "rope+dca": Look("#EE7733", True, "$C$"),
+    # The 2024-26 encodings (posemb.lab.variants.RECENT), trained: Paul Tol's vibrant and light
+    # palettes, which the rows above do not use, each with its initial as a marker.
+    "p-rope": Look("#CC3311", False, "$p$"),
+    "irope": Look("#EE3377", False, "$i$"),
+    "rnope-swa": Look("#009988", False, "$w$"),
+    "fope": Look("#0077BB", False, "$f$"),
+    "cope": Look("#BBCC33", False, "$c$"),
+    "kerple": Look("#AAAA00", False, "$k$"),
+    "rope+sinks": Look("#EE8866", False, "$s$"),
+    "rope+ssmax": Look("#77AADD", False, "$m$"),
     # Position interpolation fine-tuned past the training length (--finetune-steps): trained.
     "rope+pi+ft": Look("#999933", False, "H"),
 }

@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,7 +34,6 @@ from . import entropy as _entropy
 from . import inference as _inference
 from . import race as _race
 from . import report
-from . import retrieval as _retrieval
 from .checkpoints import (
     COMMAND,
     earlier_lab,
@@ -52,13 +50,14 @@ from .config import (
     FINETUNE_LR_FRACTION,
     TASKS,
     WEIGHT_DECAY,
-    JobIds,
     LabConfig,
     gpu_config,
     quick_config,
 )
 from .invocations import INVOCATIONS, closed, read_invocations
 from .model import TRAINED, ModelConfig, TinyLM
+from .resumable import _progress, _train_resumable
+from .tasks import PROBE_TASKS
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
 _POSITION_SEED = 2**31 - 1  # apart from the data generator's seeds (the job's seed itself)
@@ -230,73 +229,12 @@ def _loss_curve(model: TinyLM, w: torch.Tensor) -> torch.Tensor:
     return per_position_loss(model, w).cpu()
 
 
-def _train_resumable(
-    model: TinyLM,
-    opt: torch.optim.Optimizer,
-    generators: dict[str, torch.Generator],
-    *,
-    batch_at: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-    steps: int,
-    lr_at: Callable[[int], float],
-    ckpt_path: str,
-    ids: JobIds,
-    out: str,
-    every: int,
-    label: str,
-    slot: int,
-    quiet: bool,
-    rank: int = 0,
-    world: int = 1,
-) -> tuple[float | None, float]:
-    """Train from the checkpoint at ``ckpt_path`` if there is one (refused if made with other
-    settings), saving one every ``every`` steps and at the end; the last loss and the seconds
-    spent training, over every invocation that trained this job (a checkpoint keeps them).
-    Every generator the job draws from is in ``generators`` (by name) and in each checkpoint.
-
-    ``batch_at`` gives the step's whole batch; with ``world`` > 1 rank ``rank`` trains on its
-    slice (:func:`posemb.lab.distributed.train_sharded`), every rank resumes from the same
-    checkpoint (checked) and rank 0 alone writes them.
-    """
-    step, last, earlier = 0, None, 0.0
-    started = time.time()
-    ckpt = load_checkpoint(ckpt_path, ids.train_digest, ids.train_key)
-    if ckpt is not None:
-        earlier = float(ckpt.get("seconds", 0.0))
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        for name, g in generators.items():
-            g.set_state(ckpt[name])
-        step, last = int(ckpt["step"]), ckpt.get("loss")
-    _dp.agree(step, f"checkpoint steps in {ckpt_path}", world)
-    bar = _progress(steps, label, slot, quiet or rank != 0, initial=step)
-
-    def on_step(done: int, loss: float) -> None:
-        bar(1, loss)
-        if rank == 0 and (done % every == 0 or done == steps):
-            state = {
-                "digest": ids.train_digest,
-                "settings": ids.train_key,
-                "step": done,
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "loss": loss,
-                "seconds": earlier + time.time() - started,
-            }
-            state |= {name: g.get_state() for name, g in generators.items()}
-            save_checkpoint(state, ckpt_path, out)
-
-    loss = _dp.train_sharded(
-        model, opt, batch_at, steps, lr_at, rank=rank, world=world, start=step, on_step=on_step
-    )
-    bar(0, None, close=True)
-    return (last if loss is None else loss), earlier + time.time() - started
-
-
-def retrieval_model(cfg: LabConfig, encoding: str) -> TinyLM:
-    """The untrained retrieval model of ``encoding`` (a :class:`TinyLM` over the task's tokens)."""
+def retrieval_model(cfg: LabConfig, encoding: str, task: str = "retrieval") -> TinyLM:
+    """The untrained model of a probe ``task`` (:data:`posemb.lab.tasks.PROBE_TASKS`) for
+    ``encoding``: a :class:`TinyLM` over the task's tokens, of the probe models' shape."""
     return TinyLM(
         ModelConfig(
-            vocab=_retrieval.VOCAB,
+            vocab=PROBE_TASKS[task].module.VOCAB,
             encoding=encoding,
             width=cfg.retrieval_width,
             layers=cfg.retrieval_layers,
@@ -307,22 +245,31 @@ def retrieval_model(cfg: LabConfig, encoding: str) -> TinyLM:
     )
 
 
-def run_retrieval_job(
-    cfg: LabConfig, encoding: str, seed: int, out: str, slot: int = 0, quiet: bool = False
+def run_probe_job(
+    cfg: LabConfig,
+    task: str,
+    encoding: str,
+    seed: int,
+    out: str,
+    slot: int = 0,
+    quiet: bool = False,
 ) -> dict[str, object]:
-    """Train the retrieval model of ``encoding`` at the training length (resuming from its
-    checkpoint), probe it at every evaluation length (for ``rope`` also under each scaling in
-    ``cfg.variants``), save and return the result: ``{"kind": "retrieval", "encoding",
-    "seed", "train_seconds", "final_train_loss", "variants": {variant: retrieval.evaluate(...)}}``.
+    """Train the model of probe ``task`` for ``encoding`` at the training length (resuming
+    from its checkpoint), probe it at every evaluation length (for ``rope`` also under each
+    scaling and extension in ``cfg.variants``), save and return the result: ``{"kind": task,
+    "encoding", "seed", "train_seconds", "final_train_loss", "variants": {variant:
+    evaluate(...)}}``, the task module's ``evaluate`` counts.
     """
-    ckpt_path, result_path = job_paths(out, encoding, seed, "retrieval")
-    ids = cfg.ids(encoding, seed, "retrieval")
+    probe_task = PROBE_TASKS[task]
+    sizes, steps = probe_task.sizes(cfg), getattr(cfg, probe_task.steps_field)
+    ckpt_path, result_path = job_paths(out, encoding, seed, task)
+    ids = cfg.ids(encoding, seed, task)
     done = load_result(result_path, ids.digest, ids.train_digest, ids.key)
-    retrain = done is not None and _checkpoint_missing(cfg, "retrieval", encoding, seed, out)
+    retrain = done is not None and _checkpoint_missing(cfg, task, encoding, seed, out)
     if done is not None and not retrain:
         return done
     torch.manual_seed(seed)
-    model = retrieval_model(cfg, encoding)
+    model = retrieval_model(cfg, encoding, task)
     opt = adamw(model, cfg.retrieval_lr, WEIGHT_DECAY)
     gen = torch.Generator().manual_seed(seed)
     positions = _own_positions(model, seed)
@@ -330,52 +277,40 @@ def run_retrieval_job(
         model,
         opt,
         {"generator": gen, "position_generator": positions},
-        batch_at=lambda _: _retrieval.training_batch(
-            cfg.retrieval_batch, cfg.train_len, cfg.retrieval_facts, gen
+        batch_at=lambda _: probe_task.module.training_batch(
+            cfg.retrieval_batch, cfg.train_len, *sizes, gen
         ),
-        steps=cfg.retrieval_steps,
-        lr_at=lambda s: warmup_cosine(s, cfg.retrieval_steps, cfg.retrieval_lr),
+        steps=steps,
+        lr_at=lambda s: warmup_cosine(s, steps, cfg.retrieval_lr),
         ckpt_path=ckpt_path,
         ids=ids,
         out=out,
         every=cfg.checkpoint_every,
-        label=f"retrieval {encoding} seed {seed}",
+        label=f"{task} {encoding} seed {seed}",
         slot=slot,
         quiet=quiet,
     )
     if done is not None:  # retrained only for the checkpoint the race needs
         return done
 
-    def probe() -> dict[str, dict[str, object]]:
-        return _retrieval.evaluate(
-            model,
-            cfg.eval_lens,
-            cfg.train_len,
-            cfg.retrieval_facts,
-            cfg.retrieval_probes,
-            EVAL_SEED,
+    def probe(lengths: tuple[int, ...]) -> dict[str, dict[str, object]]:
+        return probe_task.module.evaluate(
+            model, lengths, cfg.train_len, *sizes, cfg.retrieval_probes, EVAL_SEED
         )
 
-    variants = {encoding: probe()}
+    variants = {encoding: probe(cfg.eval_lens)}
     if encoding == "rope":
         for variant in _inference.INFERENCE:
             if variant in cfg.variants:
                 per_len = {}
                 for n in cfg.eval_lens:
                     _inference.use(model, variant, cfg.train_len, n)
-                    per_len[str(n)] = _retrieval.evaluate(
-                        model,
-                        (n,),
-                        cfg.train_len,
-                        cfg.retrieval_facts,
-                        cfg.retrieval_probes,
-                        EVAL_SEED,
-                    )[str(n)]
+                    per_len[str(n)] = probe((n,))[str(n)]
                 variants[variant] = per_len
         _inference.use(model, None, cfg.train_len, 0)
     result = {
         **ids.stamp(),
-        "kind": "retrieval",
+        "kind": task,
         "encoding": encoding,
         "seed": seed,
         "train_seconds": train_s,
@@ -384,6 +319,13 @@ def run_retrieval_job(
     }
     write_file(out, result_path, json.dumps(result).encode())
     return result
+
+
+def run_retrieval_job(
+    cfg: LabConfig, encoding: str, seed: int, out: str, slot: int = 0, quiet: bool = False
+) -> dict[str, object]:
+    """:func:`run_probe_job` of the one-fact retrieval task."""
+    return run_probe_job(cfg, "retrieval", encoding, seed, out, slot, quiet)
 
 
 def _trained(cfg: LabConfig, out: str, seed: int) -> tuple[TinyLM, TinyLM]:
@@ -512,29 +454,6 @@ def _finetune_pi(
     return out
 
 
-def _progress(
-    total: int, label: str, slot: int, quiet: bool, initial: int = 0
-) -> Callable[..., None]:
-    """A tqdm bar on stderr (a no-op when quiet or tqdm is missing)."""
-    if quiet:
-        return lambda *a, **k: None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return lambda *a, **k: None
-    bar = tqdm(total=total, initial=initial, desc=label, position=slot, leave=False, ncols=90)
-
-    def update(n: int, loss: float | None, close: bool = False) -> None:
-        if n:
-            bar.update(n)
-        if loss is not None and bar.n % 10 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
-        if close:
-            bar.close()
-
-    return update
-
-
 Job = tuple[str, str, int, int | None]  # (kind, encoding or entrant, seed, race seed)
 
 
@@ -542,8 +461,8 @@ def _run_one(cfg: LabConfig, job: Job, out: str, slot: int = 0, quiet: bool = Tr
     kind, name, seed, race_seed = job
     if kind == "lm":
         return run_job(cfg, name, seed, out, slot, quiet)
-    if kind == "retrieval":
-        return run_retrieval_job(cfg, name, seed, out, slot, quiet)
+    if kind in PROBE_TASKS:
+        return run_probe_job(cfg, kind, name, seed, out, slot, quiet)
     return run_race_job(cfg, name, seed, race_seed or 0, out, slot, quiet)
 
 
@@ -581,15 +500,15 @@ def all_jobs(cfg: LabConfig) -> tuple[list[Job], list[Job]]:
     encodings = [v for v in cfg.variants if v in TRAINED]
     if any(v in _inference.INFERENCE for v in cfg.variants) and "rope" not in encodings:
         encodings.append("rope")
-    if "retrieval" not in cfg.tasks:
-        encodings = []
-    if "race" in cfg.tasks and "rope" not in encodings:
-        encodings.append("rope")
-    first += [("retrieval", e, s, None) for e in encodings for s in cfg.seeds]
+    for task in PROBE_TASKS:
+        need = list(encodings) if task in cfg.tasks else []
+        if task == "retrieval" and "race" in cfg.tasks and "rope" not in need:
+            need.append("rope")  # the race continues the rope retrieval model
+        first += [(task, e, s, None) for e in need for s in cfg.seeds]
     # The rope jobs also evaluate every inference variant asked for (the extensions' exact
     # attention costs 10-20x an SDPA call), so they start first and the others fill the
     # remaining workers meanwhile (their retrieval job is the longest of the phase).
-    first.sort(key=lambda job: (job[1] != "rope", job[0] != "retrieval"))
+    first.sort(key=lambda job: (job[1] != "rope", job[0] == "lm"))
     second: list[Job] = []
     if "race" in cfg.tasks:
         second = [
@@ -794,6 +713,7 @@ __all__ = [
     "quick_config",
     "run",
     "run_job",
+    "run_probe_job",
     "run_race_job",
     "run_retrieval_job",
 ]

@@ -1,0 +1,275 @@
+"""Multi-key needle in a haystack: two-token needles, one key asked for at the end.
+
+After RULER's multi-key NIAH tasks (Hsieh et al. 2024, "RULER: What's the Real Context Size of
+Your Long-Context Language Models?", MK-NIAH): several needles "the value of key k is v" stand
+in filler, and the query names one key. The needles that are not queried carry **other keys**,
+so a model must match the query's key to the right needle among needles that look alike.
+
+Unlike :mod:`posemb.lab.retrieval`, where a fact is one token, a needle here is **two
+neighbouring tokens**, a key then its value::
+
+    ... filler  KEY_k VALUE_v  filler ... KEY_j VALUE_w ... filler  QUERY KEY_k  -> answer VALUE_v
+
+The value token alone does not say whose value it is: the model must bind it to the key just
+before it, a previous-token step, before it can match the query's key (an induction-head
+mechanism, Olsson et al. 2022; Zoology's multi-query associative recall, Arora et al. 2023).
+That binding is positional (the neighbour one place back), so the encoding matters at every
+distance, not only past the training length. Two layers suffice.
+
+Tokens (``VOCAB`` = 49): ``FILLER`` = 16 filler tokens, ``KEYS`` = 16 key tokens (the same
+token in a needle and in the query that asks for it), ``VALUES`` = 16 value tokens (the answer
+is the needle's value token itself: the model copies it), one ``QUERY`` marker. Keys in a window
+are distinct; values are drawn independently (two needles may share a value), so that a model
+which does not see the queried needle cannot do better than ``CHANCE`` = 1 / ``VALUES``, even
+one that reads every other needle: the control probes rely on it.
+
+Defaults: 4 needles (``multikey_needles``), one queried and three distractors in a probe, as
+RULER's MK-NIAH-1 (``num_needle_k`` = 4). A training window holds ``needles`` needles and
+queries each once, somewhere after it (loss at the query positions only), which needs
+``4 * needles`` positions. A probe has the query in its last two positions, the queried needle
+``distance`` tokens before the last one (key at ``length - 1 - distance``, value after it; so
+``MIN_DISTANCE`` = 3 <= distance <= length - 1) and ``needles - 1`` distractor needles
+elsewhere. The **control** leaves the queried needle out (filler there; distractors in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .._errors import InputError
+from . import retrieval as _retrieval
+
+FILLER = 16
+KEYS = 16
+VALUES = 16
+KEY0 = FILLER  # key k is token KEY0 + k (in its needle and in the query for it)
+VALUE0 = KEY0 + KEYS  # value v is token VALUE0 + v (in its needle and as the answer)
+QUERY = VALUE0 + VALUES  # the query marker, followed by the key asked for
+VOCAB = QUERY + 1
+CHANCE = 1 / VALUES
+IGNORE = _retrieval.IGNORE
+NEEDLES = 4  # the default number of needles (LabConfig.multikey_needles)
+MIN_DISTANCE = 3  # a needle's two tokens end before the query's two
+
+
+def check_sizes(needles: int, length: int) -> None:
+    """Refuse (``InputError``) a number of needles that the windows of ``length`` cannot hold.
+
+    A training window holds each needle and its query (two tokens each): ``4 * needles``
+    positions. Probes then always fit (they need ``2 * needles + 2``, with room to spare
+    however the queried needle splits the window).
+    """
+    if isinstance(needles, bool) or not isinstance(needles, int) or not 1 <= needles <= KEYS:
+        raise InputError(
+            f"--multikey-needles must be an integer in 1..{KEYS} (one key each), got {needles!r}"
+        )
+    if 4 * needles > length:
+        raise InputError(
+            f"--multikey-needles {needles} needs {4 * needles} positions (each needle and its "
+            f"query, two tokens each) in a window of {length}, which holds at most "
+            f"{length // 4}"
+        )
+
+
+def check_distances(
+    distances: Sequence[int] | torch.Tensor,
+    length: int,
+    least: int = MIN_DISTANCE,
+    why: str = "a needle's two tokens before the query's two",
+) -> torch.Tensor:
+    """``distances`` as an int64 tensor ``(n,)``, refused (``InputError``, saying ``why`` the
+    least is what it is) unless ``n >= 1`` and ``least <= d <= length - 1`` for each."""
+    d = torch.as_tensor(distances, dtype=torch.int64)
+    if d.ndim != 1 or len(d) == 0 or int(d.min()) < least or int(d.max()) >= length:
+        raise InputError(
+            f"probe distances must be in {least}..{length - 1} ({why}), got {d.tolist()}"
+        )
+    return d
+
+
+def pair_starts(rows: int, length: int, count: int, gen: torch.Generator) -> torch.Tensor:
+    """Starts ``(rows, count)``, ascending, of ``count`` non-overlapping two-token blocks in a
+    window of ``length`` (``2 * count <= length``), uniform over all such layouts.
+
+    Stars and bars: a layout is a choice of ``count`` of the ``length - count`` items (a block
+    is one item of width two, a filler position one of width one).
+    """
+    items = length - count
+    pick = torch.argsort(torch.rand(rows, items, generator=gen), dim=1)[:, :count]
+    return pick.sort(dim=1).values + torch.arange(count)
+
+
+def _log_layouts(span: int, blocks: int) -> float:
+    """log of the number of ways to lay ``blocks`` two-token blocks in ``span`` positions."""
+    if blocks < 0 or 2 * blocks > span:
+        return -math.inf
+    return (
+        math.lgamma(span - blocks + 1)
+        - math.lgamma(blocks + 1)
+        - math.lgamma(span - 2 * blocks + 1)
+    )
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def place_around(
+    anchor: int, length: int, inner: int, others: int, gen: torch.Generator
+) -> tuple[list[int], list[int]]:
+    """Starts of two-token blocks in a probe window around a fixed block.
+
+    The query fills the last two positions and a block starts at ``anchor``; this places
+    ``inner`` blocks between that block and the query (returned ascending) and ``others``
+    blocks anywhere else that is free (returned in random order), uniformly over every such
+    layout: ``(inner_starts (inner,), other_starts (others,))`` as lists. Raises
+    ``InputError`` when they cannot fit (the callers' size checks rule that out).
+    """
+    left = anchor  # positions [0, anchor)
+    right = length - 4 - anchor  # positions [anchor + 2, length - 2)
+    # The layouts with k others left of the anchor: pick k by their number, exactly.
+    weights = [
+        _log_layouts(left, k)
+        + _log_layouts(right, inner + others - k)
+        + _log_choose(inner + others - k, inner)
+        for k in range(others + 1)
+    ]
+    top = max(weights)
+    if top == -math.inf:
+        raise InputError(
+            f"{inner + others + 2} two-token blocks do not fit around a block at {anchor} in a "
+            f"window of {length}"
+        )
+    probs = torch.tensor([math.exp(w - top) for w in weights], dtype=torch.float64)
+    k = int(torch.multinomial(probs, 1, generator=gen))
+    starts_left = pair_starts(1, left, k, gen)[0].tolist() if k else []
+    n_right = inner + others - k
+    starts_right = (pair_starts(1, right, n_right, gen)[0] + anchor + 2).tolist() if n_right else []
+    # Which of the right-hand blocks are the inner ones: a random subset, kept in order.
+    chosen = set(torch.randperm(n_right, generator=gen)[:inner].tolist()) if n_right else set()
+    inner_starts = [s for i, s in enumerate(starts_right) if i in chosen]
+    rest = starts_left + [s for i, s in enumerate(starts_right) if i not in chosen]
+    order = torch.randperm(len(rest), generator=gen).tolist() if rest else []
+    return inner_starts, [rest[i] for i in order]
+
+
+def training_batch(
+    batch: int, length: int, needles: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of training windows: ``(inputs (batch, length), targets (batch, length))``.
+
+    Each window holds ``needles`` needles ``KEY_k VALUE_v`` with distinct keys, each queried
+    once somewhere after it by ``QUERY KEY_k``; ``targets`` is ``VALUE_v`` at the query's key
+    position and ``IGNORE`` elsewhere. Draws only from ``gen``.
+    """
+    check_sizes(needles, length)
+    inputs = torch.randint(0, FILLER, (batch, length), generator=gen)
+    targets = torch.full((batch, length), IGNORE, dtype=torch.int64)
+    keys = torch.argsort(torch.rand(batch, KEYS, generator=gen), dim=1)[:, :needles]
+    values = torch.randint(0, VALUES, (batch, needles), generator=gen)
+    starts = pair_starts(batch, length, 2 * needles, gen)
+    # Blocks to needles at random; the earlier block of each pair is the needle.
+    roles = torch.argsort(torch.rand(batch, 2 * needles, generator=gen), dim=1)
+    roles = roles.view(batch, needles, 2).sort(dim=2).values.view(batch, -1)
+    at = torch.gather(starts, 1, roles).view(batch, needles, 2)
+    needle_at, query_at = at[..., 0], at[..., 1]
+    inputs.scatter_(1, needle_at, KEY0 + keys)
+    inputs.scatter_(1, needle_at + 1, VALUE0 + values)
+    inputs.scatter_(1, query_at, torch.full_like(query_at, QUERY))
+    inputs.scatter_(1, query_at + 1, KEY0 + keys)
+    targets.scatter_(1, query_at + 1, VALUE0 + values)
+    return inputs, targets
+
+
+def probes(
+    distances: Sequence[int] | torch.Tensor,
+    length: int,
+    needles: int,
+    gen: torch.Generator,
+    present: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probe windows of ``length`` tokens, one per distance: ``(inputs (n, length), answers (n,))``.
+
+    The last two tokens are the query ``QUERY KEY_k``; the queried needle's key sits
+    ``distance`` tokens before the last one (``MIN_DISTANCE <= distance < length``), its value
+    right after it; ``needles - 1`` needles with other keys fill other random free positions.
+    ``answers`` is the queried needle's value token. With ``present=False`` the queried needle
+    is left out (filler in its place, distractors where they would be): the control.
+    """
+    check_sizes(needles, length)
+    d = check_distances(distances, length)
+    n = len(d)
+    inputs = torch.randint(0, FILLER, (n, length), generator=gen)
+    keys = torch.argsort(torch.rand(n, KEYS, generator=gen), dim=1)[:, :needles]
+    values = torch.randint(0, VALUES, (n, needles), generator=gen)
+    needle_at = length - 1 - d
+    for row, anchor in enumerate(needle_at.tolist()):
+        _, others = place_around(anchor, length, 0, needles - 1, gen)
+        if others:
+            at = torch.tensor(others)
+            inputs[row, at] = KEY0 + keys[row, 1:]
+            inputs[row, at + 1] = VALUE0 + values[row, 1:]
+    rows = torch.arange(n)
+    if present:
+        inputs[rows, needle_at] = KEY0 + keys[:, 0]
+        inputs[rows, needle_at + 1] = VALUE0 + values[:, 0]
+    inputs[:, -2] = QUERY
+    inputs[:, -1] = KEY0 + keys[:, 0]
+    return inputs, VALUE0 + values[:, 0]
+
+
+def anywhere(
+    model: nn.Module, length: int, needles: int, count: int, gen: torch.Generator
+) -> dict[str, int]:
+    """``{"correct", "total"}`` on ``count`` probes of ``length`` with the needle at a distance
+    uniform over ``MIN_DISTANCE..length - 1`` (a needle at a random depth), drawn from ``gen``."""
+    d = torch.randint(MIN_DISTANCE, length, (count,), generator=gen)
+    x, a = probes(d, length, needles, gen)
+    return {"correct": _retrieval.correct(model, x, a), "total": count}
+
+
+def evaluate(
+    model: nn.Module,
+    lengths: Sequence[int],
+    train_len: int,
+    needles: int,
+    count: int,
+    seed: int,
+) -> dict[str, dict[str, object]]:
+    """Multi-key counts of ``model`` at each length, shaped as :func:`retrieval.evaluate`'s:
+    ``{str(length): {"anywhere": {"correct", "total"}, "by_distance": {bin: {"correct",
+    "total"}}, "control": {"correct", "total"}}}``.
+
+    ``anywhere``: ``count`` probes at a distance uniform over ``MIN_DISTANCE..length - 1``;
+    ``by_distance``: ``count // 2`` probes per :func:`retrieval.distance_bins` bin, uniform
+    within it from ``MIN_DISTANCE`` on (a bin wholly below it is left out); ``control``:
+    ``count // 2`` probes without the queried needle. The probes depend only on ``seed`` and
+    the length, so every model sees the same ones. ``model`` maps ``(b, length)`` tokens to
+    ``(b, length, VOCAB)`` logits; its answer is the argmax at the last position.
+    """
+    out: dict[str, dict[str, object]] = {}
+    for n in lengths:
+        check_sizes(needles, n)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
+        entry: dict[str, object] = {"anywhere": anywhere(model, n, needles, count, gen)}
+        per_bin = {}
+        for lo, hi in _retrieval.distance_bins(train_len, n):
+            first, last = max(lo + 1, MIN_DISTANCE), min(hi, n - 1)
+            if first > last:
+                continue
+            d = torch.randint(first, last + 1, (max(1, count // 2),), generator=gen)
+            x, a = probes(d, n, needles, gen)
+            per_bin[_retrieval.bin_label(lo, hi)] = {
+                "correct": _retrieval.correct(model, x, a),
+                "total": len(d),
+            }
+        entry["by_distance"] = per_bin
+        d_ctl = torch.randint(MIN_DISTANCE, n, (max(1, count // 2),), generator=gen)
+        x, a = probes(d_ctl, n, needles, gen, present=False)
+        entry["control"] = {"correct": _retrieval.correct(model, x, a), "total": len(d_ctl)}
+        out[str(n)] = entry
+    return out

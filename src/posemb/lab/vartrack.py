@@ -1,0 +1,333 @@
+"""Variable tracking: follow a chain of assignments through filler back to its value.
+
+After RULER's variable-tracking task (Hsieh et al. 2024, "RULER: What's the Real Context Size
+of Your Long-Context Language Models?", VT): a chain ``X1 = v``, ``X2 = X1``, ... scattered in
+filler among **distractor chains** over other variables, then a query for the chain's last
+variable, answered by the chain's value ``v``. As in RULER, ``hops`` counts the
+variable-to-variable assignments (RULER's ``num_hops``): a chain has ``hops + 1`` assignments
+over ``hops + 1`` distinct variables. Unlike RULER, which asks for every variable holding a
+value, the query asks for one variable's value, so that the answer is one token.
+
+Tokens (``VOCAB`` = 169)::
+
+    X1 = v     ROOT(X1, v)          one token, as retrieval's facts (NAMES * VALUES of them)
+    X2 = X1    NAME(X2) NAME(X1)    two tokens: the variable assigned, then its source
+    X2 ?       QUERY NAME(X2)       the answer, ANSWER(v), is read at the name
+
+    ... ROOT(Y1, w) ... ROOT(X1, v) ... Y2 Y1 ... X2 X1 ... QUERY X2  -> ANSWER(v)  (1 hop)
+
+``FILLER`` = 16 filler tokens, ``NAMES`` = 16 variable tokens, ``NAMES * VALUES`` = 128 root
+tokens, one ``QUERY`` marker, ``VALUES`` = 8 answer tokens (used nowhere else). Why this
+shape: every lookup costs a layer. Each hop is a two-token binding, as a
+:mod:`posemb.lab.multikey` needle (the source belongs to the variable just before it: a
+previous-token step), while the root is one token that a source name finds by content alone,
+in the same layer as that step. A chain of ``hops`` hops then needs ``hops + 1`` layers, so
+the lab's two-layer model can learn the default chain (a two-token root ``X1 v`` would make
+it three: one more lookup to find the value next to the name).
+
+Training windows hold ``chains`` chains, each written in order, then queried for **every one
+of its variables** (in random order, after the chain): the queries for ``X1`` are one lookup
+(retrieval), the curriculum that makes the hop learnable; a RoPE model of width 64 at 64
+tokens learned the 1-hop chain only with them (in ~2,500 steps, versus none in 1,500 asking
+only for the chain's end). That takes ``chains * (4 * hops + 3)`` positions; the loss is
+taken at the query positions only. Defaults: ``HOPS`` = 1 (``vartrack_hops``) and ``CHAINS``
+= 4 (``vartrack_chains``; 28 of 64 positions).
+
+A probe has the query ``QUERY X_last`` in its last two positions, the queried chain's root
+``distance`` tokens before the last one (``min_distance(hops) = 2 * hops + 2 <= distance <=
+length - 1``), the chain's hops at random places in order between the root and the query,
+and the ``chains - 1`` distractor chains (other variables, values drawn independently)
+anywhere else, each in order. The **control** removes the root (filler there; all else
+stays), so the value is nowhere in the window but by coincidence in another chain, and a
+model that does not read the queried chain's root scores ``CHANCE`` = 1 / ``VALUES``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .._errors import InputError
+from . import retrieval as _retrieval
+
+FILLER = 16
+NAMES = 16
+VALUES = 8
+NAME0 = FILLER  # variable x is token NAME0 + x (assigned, as a source, in the query)
+ROOT0 = NAME0 + NAMES  # the root "x = v" is token ROOT0 + x * VALUES + v
+QUERY = ROOT0 + NAMES * VALUES  # the query marker, followed by the variable asked for
+ANSWER0 = QUERY + 1  # the answer v is token ANSWER0 + v
+VOCAB = ANSWER0 + VALUES
+CHANCE = 1 / VALUES
+IGNORE = _retrieval.IGNORE
+HOPS = 1  # the default chain: X1 = v, X2 = X1 (LabConfig.vartrack_hops)
+CHAINS = 4  # the default number of chains, one queried (LabConfig.vartrack_chains)
+
+
+def min_distance(hops: int) -> int:
+    """The shortest probe distance: the root, then ``hops`` two-token assignments, all before
+    the query's two tokens."""
+    return 2 * hops + 2
+
+
+def check_sizes(hops: int, chains: int, length: int) -> None:
+    """Refuse (``InputError``) a chain length or number of chains that windows of ``length``
+    cannot hold: ``hops >= 1``, ``chains >= 1``, ``chains * (hops + 1) <= NAMES`` distinct
+    variables and ``chains * (4 * hops + 3) <= length`` positions for a training window (each
+    chain's root, hops and the queries of its variables). Probes then always fit."""
+    for flag, v in (("--vartrack-hops", hops), ("--vartrack-chains", chains)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"{flag} must be an integer >= 1, got {v!r}")
+    if chains * (hops + 1) > NAMES:
+        raise InputError(
+            f"--vartrack-chains {chains} with --vartrack-hops {hops} need "
+            f"{chains * (hops + 1)} distinct variables ({hops + 1} a chain); there are {NAMES}: "
+            f"allowed chains * (hops + 1) <= {NAMES}"
+        )
+    need = chains * (4 * hops + 3)
+    if need > length:
+        raise InputError(
+            f"--vartrack-chains {chains} with --vartrack-hops {hops} need {need} positions "
+            f"(each chain's root, {hops} two-token hops and {hops + 1} two-token queries) in a "
+            f"window of {length}: allowed chains * (4 * hops + 3) <= {length}"
+        )
+
+
+def _chains(
+    rows: int, chains: int, hops: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct variables ``(rows, chains, hops + 1)`` (chain c's assignment i sets
+    ``names[:, c, i]``) and independent values ``(rows, chains)``."""
+    pick = torch.argsort(torch.rand(rows, NAMES, generator=gen), dim=1)[:, : chains * (hops + 1)]
+    values = torch.randint(0, VALUES, (rows, chains), generator=gen)
+    return pick.view(rows, chains, hops + 1), values
+
+
+def _write(
+    inputs: torch.Tensor, at: torch.Tensor, names: torch.Tensor, values: torch.Tensor
+) -> None:
+    """Write chains into ``inputs (rows, length)`` in place: chain c's root at ``at[:, c, 0]``
+    and its hop i (two tokens: the variable, its source) from ``at[:, c, i]`` (``at``,
+    ``names``: ``(rows, chains, hops + 1)``; ``values``: ``(rows, chains)``)."""
+    rows = inputs.shape[0]
+    inputs.scatter_(1, at[..., 0], ROOT0 + names[..., 0] * VALUES + values)
+    hop_at = at[..., 1:].reshape(rows, -1)
+    inputs.scatter_(1, hop_at, (NAME0 + names[..., 1:]).reshape(rows, -1))
+    inputs.scatter_(1, hop_at + 1, (NAME0 + names[..., :-1]).reshape(rows, -1))
+
+
+def training_batch(
+    batch: int, length: int, hops: int, chains: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of training windows: ``(inputs (batch, length), targets (batch, length))``.
+
+    Each window holds ``chains`` chains of ``hops + 1`` assignments over distinct variables,
+    each written in order at random places, then queried for each of its variables in random
+    order (``QUERY X``, somewhere after the chain's last assignment); ``targets`` is the
+    chain's answer token at each query's variable and ``IGNORE`` elsewhere. Every layout of
+    the items (a root is one token wide, hops and queries two) is equally likely. Draws only
+    from ``gen``.
+    """
+    check_sizes(hops, chains, length)
+    per = 2 * hops + 2  # items of a chain: root, hops, then its hops + 1 queries
+    count = chains * per
+    inputs = torch.randint(0, FILLER, (batch, length), generator=gen)
+    targets = torch.full((batch, length), IGNORE, dtype=torch.int64)
+    names, values = _chains(batch, chains, hops, gen)
+    # Stars and bars over items of widths 1 and 2: choose the items' ranks among the
+    # ``length - chains * (2 * hops + 1)`` items (filler included), then add the extra width
+    # of the wide items before each.
+    items = length - chains * (2 * hops + 1)
+    ranks = torch.argsort(torch.rand(batch, items, generator=gen), dim=1)[:, :count]
+    ranks = ranks.sort(dim=1).values
+    # Items to chains at random; within a chain, in order of position.
+    roles = torch.argsort(torch.rand(batch, count, generator=gen), dim=1)
+    roles = roles.view(batch, chains, per).sort(dim=2).values.view(batch, -1)
+    wide = torch.ones(batch, chains, per, dtype=torch.int64)
+    wide[..., 0] = 0
+    extra = torch.empty(batch, count, dtype=torch.int64).scatter_(1, roles, wide.view(batch, -1))
+    starts = ranks + torch.cumsum(extra, dim=1) - extra
+    at = torch.gather(starts, 1, roles).view(batch, chains, per)
+    _write(inputs, at[..., : hops + 1], names, values)
+    query_at = at[..., hops + 1 :].reshape(batch, -1)
+    asked = torch.argsort(torch.rand(batch, chains, hops + 1, generator=gen), dim=2)
+    asked = torch.gather(names, 2, asked).view(batch, -1)
+    inputs.scatter_(1, query_at, torch.full_like(query_at, QUERY))
+    inputs.scatter_(1, query_at + 1, NAME0 + asked)
+    answers = (ANSWER0 + values).repeat_interleave(hops + 1, dim=1)
+    targets.scatter_(1, query_at + 1, answers)
+    return inputs, targets
+
+
+def _log_layouts(span: int, widths: Sequence[int], runs: Sequence[int]) -> float:
+    """log of the number of layouts of chains in order, in ``span`` positions: items of
+    ``widths`` whose chains (of ``runs`` items each) interleave in any way."""
+    w, m = sum(widths), len(widths)
+    if w > span:
+        return -math.inf
+    interleavings = math.lgamma(m + 1) - sum(math.lgamma(r + 1) for r in runs)
+    return (
+        math.lgamma(span - w + m + 1)
+        - math.lgamma(m + 1)
+        - math.lgamma(span - w + 1)
+        + (interleavings)
+    )
+
+
+def _spread(
+    start: int, span: int, runs: Sequence[Sequence[int]], gen: torch.Generator
+) -> list[list[int]]:
+    """Starts of the items of chains ``runs`` (each a list of item widths, in order) laid in
+    positions ``[start, start + span)``, the chains interleaved at random, every layout equally
+    likely: a list per chain. The widths must fit."""
+    labels = torch.tensor([c for c, run in enumerate(runs) for _ in run], dtype=torch.int64)
+    if len(labels) == 0:
+        return [[] for _ in runs]
+    order = labels[torch.randperm(len(labels), generator=gen)].tolist()
+    nth = [0] * len(runs)
+    widths = []
+    for c in order:
+        widths.append(runs[c][nth[c]])
+        nth[c] += 1
+    items = span - sum(widths) + len(widths)
+    ranks = torch.randperm(items, generator=gen)[: len(widths)].sort().values.tolist()
+    out: list[list[int]] = [[] for _ in runs]
+    extra = 0
+    for c, rank, w in zip(order, ranks, widths, strict=True):
+        out[c].append(start + rank + extra)
+        extra += w - 1
+    return out
+
+
+def _around(
+    root_at: int, length: int, hops: int, others: int, gen: torch.Generator
+) -> tuple[list[int], list[list[int]]]:
+    """Starts of the queried chain's hops (between its root at ``root_at`` and the query in
+    the last two positions) and of ``others`` distractor chains' items (root, then hops),
+    each distractor chain wholly before or wholly after the root; the number before it drawn
+    in proportion to the layouts it allows."""
+    chain = [1] + [2] * hops
+    left, right = root_at, length - 3 - root_at  # [0, root_at) and [root_at + 1, length - 2)
+    weights = []
+    for k in range(others + 1):
+        runs_right = [hops] + [hops + 1] * (others - k)
+        weights.append(
+            math.lgamma(others + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(others - k + 1)
+            + _log_layouts(left, chain * k, [hops + 1] * k)
+            + _log_layouts(right, [2] * hops + chain * (others - k), runs_right)
+        )
+    top = max(weights)
+    if top == -math.inf:
+        raise InputError(f"{others} chains of {hops} hops do not fit around a root at {root_at}")
+    k = int(torch.multinomial(torch.tensor(weights).sub(top).exp(), 1, generator=gen))
+    before = set(torch.randperm(others, generator=gen)[:k].tolist())
+    placed_left = iter(_spread(0, left, [chain] * k, gen))
+    placed_right = _spread(root_at + 1, right, [[2] * hops] + [chain] * (others - k), gen)
+    rest = iter(placed_right[1:])
+    return placed_right[0], [
+        next(placed_left) if c in before else next(rest) for c in range(others)
+    ]
+
+
+def probes(
+    distances: Sequence[int] | torch.Tensor,
+    length: int,
+    hops: int,
+    chains: int,
+    gen: torch.Generator,
+    present: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probe windows of ``length`` tokens, one per distance: ``(inputs (n, length), answers (n,))``.
+
+    The last two tokens are the query ``QUERY X_last``; the queried chain's root sits
+    ``distance`` tokens before the last one (``min_distance(hops) <= distance < length``), its
+    hops at random places in order between the root and the query; ``chains - 1`` chains over
+    other variables lie, each in order, in the positions left. ``answers`` is the chain's
+    answer token. With ``present=False`` the root is left out (filler in its place, all else
+    as it would be): the control.
+    """
+    check_sizes(hops, chains, length)
+    least = min_distance(hops)
+    d = torch.as_tensor(distances, dtype=torch.int64)
+    if d.ndim != 1 or len(d) == 0 or int(d.min()) < least or int(d.max()) >= length:
+        raise InputError(
+            f"probe distances must be in {least}..{length - 1} (a chain of {hops} hops, its "
+            f"assignments before the query's two tokens), got {d.tolist()}"
+        )
+    n = len(d)
+    inputs = torch.randint(0, FILLER, (n, length), generator=gen)
+    names, values = _chains(n, chains, hops, gen)
+    root_at = length - 1 - d
+    at = torch.empty(n, chains, hops + 1, dtype=torch.int64)
+    for row, anchor in enumerate(root_at.tolist()):
+        inner, others = _around(anchor, length, hops, chains - 1, gen)
+        at[row] = torch.tensor([[anchor, *inner], *others], dtype=torch.int64)
+    rows = torch.arange(n)
+    under_root = inputs[rows, root_at]
+    _write(inputs, at, names, values)
+    if not present:
+        inputs[rows, root_at] = under_root
+    inputs[:, -2] = QUERY
+    inputs[:, -1] = NAME0 + names[:, 0, -1]
+    return inputs, ANSWER0 + values[:, 0]
+
+
+def anywhere(
+    model: nn.Module, length: int, hops: int, chains: int, count: int, gen: torch.Generator
+) -> dict[str, int]:
+    """``{"correct", "total"}`` on ``count`` probes of ``length`` with the root at a distance
+    uniform over ``min_distance(hops)..length - 1``, drawn from ``gen``."""
+    d = torch.randint(min_distance(hops), length, (count,), generator=gen)
+    x, a = probes(d, length, hops, chains, gen)
+    return {"correct": _retrieval.correct(model, x, a), "total": count}
+
+
+def evaluate(
+    model: nn.Module,
+    lengths: Sequence[int],
+    train_len: int,
+    hops: int,
+    chains: int,
+    count: int,
+    seed: int,
+) -> dict[str, dict[str, object]]:
+    """Variable-tracking counts of ``model`` at each length, shaped as
+    :func:`retrieval.evaluate`'s: ``{str(length): {"anywhere": {"correct", "total"},
+    "by_distance": {bin: {"correct", "total"}}, "control": {"correct", "total"}}}``.
+
+    The distance is the root's from the last token. ``anywhere``: ``count`` probes at a
+    distance uniform over ``min_distance(hops)..length - 1``; ``by_distance``: ``count // 2``
+    probes per :func:`retrieval.distance_bins` bin, uniform within it from
+    ``min_distance(hops)`` on (a bin wholly below it is left out); ``control``: ``count // 2``
+    probes without the root. The probes depend only on ``seed`` and the length. ``model`` maps
+    ``(b, length)`` tokens to ``(b, length, VOCAB)`` logits; its answer is the argmax at the
+    last position.
+    """
+    least = min_distance(hops)
+    out: dict[str, dict[str, object]] = {}
+    for n in lengths:
+        check_sizes(hops, chains, n)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
+        entry: dict[str, object] = {"anywhere": anywhere(model, n, hops, chains, count, gen)}
+        per_bin = {}
+        for lo, hi in _retrieval.distance_bins(train_len, n):
+            first, last = max(lo + 1, least), min(hi, n - 1)
+            if first > last:
+                continue
+            d = torch.randint(first, last + 1, (max(1, count // 2),), generator=gen)
+            x, a = probes(d, n, hops, chains, gen)
+            per_bin[_retrieval.bin_label(lo, hi)] = {
+                "correct": _retrieval.correct(model, x, a),
+                "total": len(d),
+            }
+        entry["by_distance"] = per_bin
+        d_ctl = torch.randint(least, n, (max(1, count // 2),), generator=gen)
+        x, a = probes(d_ctl, n, hops, chains, gen, present=False)
+        entry["control"] = {"correct": _retrieval.correct(model, x, a), "total": len(d_ctl)}
+        out[str(n)] = entry
+    return out
