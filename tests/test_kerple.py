@@ -120,3 +120,18 @@ def test_copies_and_pickles_give_the_same_bias():
 def test_bad_settings_are_refused_by_name(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "r1,r2,kind",
+    [
+        ([1.0], [-1.0], "log"),
+        ([-1.0], [1.0], "log"),
+        ([1.0], [5.0], "power"),
+        ([1.0], [0.0], "power"),
+    ],
+)
+def test_the_function_refuses_values_outside_the_kernels_ranges(r1, r2, kind):
+    """kerple_bias with r2 = -1 gave NaN and inf; r1 = -1 an anti-local bias; power r2 = 5."""
+    with pytest.raises(ValueError, match=f"KERPLE-{kind} needs r1 > 0"):
+        kerple_bias(torch.tensor(r1), torch.tensor(r2), torch.arange(4), torch.arange(4), kind)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -59,7 +61,9 @@ def test_training_windows_query_each_needle_once_after_it():
             # Exactly one needle with the queried key, before the query; the others differ.
             assert needle_at + 1 < at - 1
             assert tgt[at] == mk.VALUE0 + value
-        assert sorted(i for i, t in enumerate(tgt) if t != mk.IGNORE) == sorted(a for a, _ in queries)
+        assert sorted(i for i, t in enumerate(tgt) if t != mk.IGNORE) == sorted(
+            a for a, _ in queries
+        )
 
 
 def test_generators_are_deterministic_under_a_seed():
@@ -111,20 +115,24 @@ def test_probes_and_control_differ_only_by_the_needle():
 
 
 def test_place_around_is_uniform_over_layouts():
-    # Window 10, anchor block at 3 (positions 3, 4), query at 8, 9: one block left of it
+    # Window 10, the needle at 3 (positions 3, 4), the query at 8, 9: one block left of it
     # (starts 0 or 1) or right of it (5 or 6): four layouts, each equally likely.
     gen = torch.Generator().manual_seed(4)
-    seen = [mk.place_around(3, 10, 0, 1, gen)[1][0] for _ in range(4000)]
+    seen = [mk.place_around(3, 10, 1, gen)[0] for _ in range(4000)]
     assert sorted(set(seen)) == [0, 1, 5, 6]
     for s in (0, 1, 5, 6):
         assert abs(seen.count(s) / 4000 - 0.25) < 0.03
-    inner, others = mk.place_around(0, 12, 2, 1, gen)
-    assert len(inner) == 2 and inner == sorted(inner) and all(2 <= s <= 8 for s in inner)
+    # Needle at 0: all three on its right, in [2, 10), without overlapping.
+    starts = sorted(mk.place_around(0, 12, 3, gen))
+    assert len(starts) == 3 and starts[0] >= 2 and starts[-1] <= 8
+    assert all(b - a >= 2 for a, b in itertools.pairwise(starts))
 
 
 def test_bad_sizes_and_distances_are_refused_naming_the_setting():
     gen = torch.Generator()
-    with pytest.raises(InputError, match=r"--multikey-needles 5 needs 20 positions .* window of 16"):
+    with pytest.raises(
+        InputError, match=r"--multikey-needles 5 needs 20 positions .* window of 16"
+    ):
         mk.training_batch(2, 16, 5, gen)
     with pytest.raises(InputError, match=r"--multikey-needles must be an integer in 1\.\.16"):
         mk.check_sizes(17, 1024)
@@ -173,19 +181,19 @@ def _within_chance(hits: int, total: int) -> bool:
 
 
 def test_a_model_that_cannot_see_the_needle_scores_chance():
-    res = mk.evaluate(Oracle(), [32, 64], 32, 4, 400, seed=0)
+    res: Any = mk.evaluate(Oracle(), [32, 64], 32, 4, 400, seed=0)
     for entry in res.values():
         assert entry["anywhere"] == {"correct": 400, "total": 400}
         assert all(b["correct"] == b["total"] for b in entry["by_distance"].values())
         assert _within_chance(entry["control"]["correct"], entry["control"]["total"])
     assert list(res["64"]["by_distance"]) == ["1-4", "5-8", "9-16", "17-32", "33-64"]
-    blind = mk.evaluate(Blind(), [64], 32, 4, 400, seed=0)["64"]
+    blind: Any = mk.evaluate(Blind(), [64], 32, 4, 400, seed=0)["64"]
     assert _within_chance(blind["anywhere"]["correct"], 400)
     assert _within_chance(blind["control"]["correct"], 200)
 
 
 def test_evaluate_is_shaped_as_retrieval_and_repeatable():
-    a = mk.evaluate(Blind(), [16, 32], 16, 2, 8, seed=1)
+    a: Any = mk.evaluate(Blind(), [16, 32], 16, 2, 8, seed=1)
     assert a == mk.evaluate(Blind(), [16, 32], 16, 2, 8, seed=1)
     assert set(a) == {"16", "32"}
     for n, entry in a.items():
@@ -197,11 +205,14 @@ def test_evaluate_is_shaped_as_retrieval_and_repeatable():
 
 
 def test_a_small_rope_model_learns_it_and_stays_at_chance_without_the_needle():
+    """The binding is learned in a sudden drop of the loss (the induction-head phase change),
+    here between ~400 and ~700 steps depending on the seed (three seeds tried): 1,000 steps
+    leave a margin. Without it a model scores ~30% (the value of a random needle)."""
     torch.manual_seed(0)
     model = TinyLM(
-        ModelConfig(vocab=mk.VOCAB, encoding="rope", width=32, layers=2, heads=4, train_len=32)
+        ModelConfig(vocab=mk.VOCAB, encoding="rope", width=64, layers=2, heads=4, train_len=32)
     )
-    steps, lr = 600, 1e-2
+    steps, lr = 1000, 3e-3
     gen = torch.Generator().manual_seed(0)
     train(
         model,
@@ -210,6 +221,6 @@ def test_a_small_rope_model_learns_it_and_stays_at_chance_without_the_needle():
         steps,
         lambda s: warmup_cosine(s, steps, lr),
     )
-    res = mk.evaluate(model, [32], 32, 4, 256, seed=0)["32"]
+    res: Any = mk.evaluate(model, [32], 32, 4, 256, seed=0)["32"]
     assert res["anywhere"]["correct"] / 256 > 0.9, res
     assert _within_chance(res["control"]["correct"], res["control"]["total"]), res

@@ -3,6 +3,7 @@
 import copy
 import math
 import pickle
+import re
 
 import pytest
 import torch
@@ -128,3 +129,14 @@ def test_set_scaling_none_gives_p_rope_back_its_own_schedule():
     rope = _model("rope")
     rope.set_scaling(None)
     assert isinstance(rope.rotary_modules()[0].scaling, posemb.scaling.Default)
+
+
+@pytest.mark.parametrize("encoding", ["irope", "rnope-swa", "rope+sinks", "rope+ssmax", "cope"])
+def test_an_extension_is_refused_where_it_would_drop_part_of_the_attention(encoding):
+    """extended_attention is plain RoPE attention: it asserted on a NoPE layer and silently
+    dropped sinks and SSMax (outputs off by 0.5 and 0.06)."""
+    model = _model(encoding)
+    with pytest.raises(ValueError, match=re.escape(f"this model is '{encoding}'")):
+        model.set_extension(posemb.SelfExtend(group=2, window=4))
+    assert all(b.extension is None for b in model.blocks)  # nothing changed
+    _model("rope").set_extension(posemb.SelfExtend(group=2, window=4))  # still fine

@@ -254,3 +254,53 @@ def test_a_window_needs_causal_attention_and_a_positive_size():
         posemb.PositionalAttention(num_heads=2, head_dim=4, window=4)
     with pytest.raises(ValueError, match="window"):
         posemb.PositionalAttention(num_heads=2, head_dim=4, causal=True, window=0)
+
+
+# --- what the review found (each failed before its fix) ------------------------------------------
+
+
+def test_cope_counts_from_the_content_logits_and_a_temperature_scales_its_whole_logit():
+    torch.manual_seed(0)
+    cope = posemb.CoPE(8, 9, init_std=1.0).double()
+    ss = ScalableSoftmax(4).double()
+    pa = posemb.PositionalAttention(
+        cope, num_heads=4, head_dim=8, causal=True, query_temperature=ss
+    )
+    q, k, v = _qkv(hk=4, sq=7, sk=7, seed=5)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    content = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~causal, float("-inf"))
+    term = cope(q, content)  # its gates read the content logits, untempered
+
+    def attend(f):  # f times each query's whole logit, then the mask (0 x -inf is no logit)
+        return torch.softmax((f * (content + term)).masked_fill(~causal, float("-inf")), -1) @ v
+
+    want = attend(ssmax_factor(torch.arange(1, 8), ss.s.detach())[..., None])  # (1, 4, 7, 1)
+    torch.testing.assert_close(pa(q, k, v), want, **TOL[F64])
+    temp = posemb.temperature.Llama4AttnTemperature(floor_scale=3, attn_scale=0.5)
+    pa = posemb.PositionalAttention(
+        cope, num_heads=4, head_dim=8, causal=True, query_temperature=temp
+    )
+    want = attend(temp.factor(torch.arange(7))[None, None, :, None])
+    torch.testing.assert_close(pa(q, k, v), want, **TOL[F64])
+
+
+def test_sinks_are_checked_in_forward_and_must_be_finite():
+    pa = posemb.PositionalAttention("nope", num_heads=4, head_dim=8, causal=True, sinks=True)
+    q, k, v = _qkv(dtype=torch.float32)
+    pa.sinks = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match=r"sinks must have shape \(heads,\) = \(4,\)"):
+        pa(q, k, v)
+    with pytest.raises(ValueError, match="sinks must be finite"):
+        posemb.attention_probs(q, k, sinks=torch.tensor([0.0, float("-inf"), 0.0, 0.0]))
+
+
+def test_settings_an_encoding_cannot_do_without_are_refused_by_name():
+    with pytest.raises(ValueError, match="'cope' needs max_positions="):
+        posemb.PositionalAttention("cope", num_heads=4, head_dim=8)
+    with pytest.raises(ValueError, match="'fope' needs train_len="):
+        posemb.PositionalAttention("fope", num_heads=4, head_dim=8)
+    fope = posemb.FourierRotaryEmbedding(8, train_len=16, num_heads=3)
+    with pytest.raises(ValueError, match="FoPE has 3 coefficient sets"):
+        posemb.PositionalAttention(fope, num_heads=4, head_dim=8)
+    with pytest.raises(ValueError, match="learnable must be True or False"):
+        ScalableSoftmax(4, learnable=1)

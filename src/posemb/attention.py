@@ -100,12 +100,20 @@ def attention_probs(
     return torch.softmax(logits.masked_fill(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
 
 
-def _probs_with_sinks(logits: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """Softmax over ``logits`` ``(b, h, q, k)`` with one sink column per head, then dropped."""
+def _check_sinks(sinks: object, heads: int) -> torch.Tensor:
+    """``sinks`` as a float ``(heads,)`` tensor of finite logits, else ``ValueError``."""
     sk = _checks.float_tensor("sinks", sinks)
-    heads = logits.shape[1]
     if sk.shape != (heads,):
         raise InputError(f"sinks must have shape (heads,) = ({heads},), got {tuple(sk.shape)}")
+    # A sink of -inf is no sink, and a row that sees no key would then be all -inf (NaN).
+    if not _checks.tracing() and not bool(torch.isfinite(sk).all()):
+        raise InputError(f"sinks must be finite logits, got {sk.tolist()}")
+    return sk
+
+
+def _probs_with_sinks(logits: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax over ``logits`` ``(b, h, q, k)`` with one sink column per head, then dropped."""
+    sk = _check_sinks(sinks, logits.shape[1])
     col = sk.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:3], 1)
     # The sink is always finite, so a row that sees no key puts all its weight on the sink
     # and its keys get zeros: the same zero row as without sinks, and no NaN.
@@ -203,6 +211,11 @@ def make_encoding(
         "cope": lambda: CoPE(head_dim, **kwargs),
         "fope": lambda: FourierRotaryEmbedding(head_dim, **kwargs),
     }
+    needs = {"cope": "max_positions", "fope": "train_len"}
+    if name in needs and needs[name] not in kwargs:
+        raise InputError(
+            f"encoding {name!r} needs {needs[name]}= (e.g. the training length), got none"
+        )
     if name not in builders:
         raise InputError(
             f"unknown encoding {name!r}; known: {', '.join(ATTENTION_ENCODINGS)} (and "
@@ -415,16 +428,19 @@ class PositionalAttention(nn.Module):
         if pad is not None:
             keep = ~pad[:, None, None, :]
             mask = keep if mask is None else mask & keep
-        temp = self.query_temperature
-        if isinstance(temp, ScalableSoftmax):
-            q = _ssmax_queries(q, temp, _visible(mask, self.causal, q_len, k_len))
-        elif temp is not None:
-            q = _scale_queries(q, temp, qp)
+        factor = _query_factor(self.query_temperature, q, qp, mask, self.causal, k_len)
+        plain_q = q
+        if factor is not None:  # formed in float32 or wider, rounded once to q's dtype
+            q = (q.to(factor.dtype) * factor).to(q.dtype)
         bias = None
         if isinstance(enc, (AlibiBias, T5Bias, FireBias, KerpleBias)):
             bias = enc(qp, kp).to(q.dtype)
         elif isinstance(enc, CoPE):
-            bias = _cope_bias(enc, q, k, mask)
+            # The gates count from the content logits as CoPE defines them; a temperature then
+            # scales the query's whole logit, CoPE's term included (it is q . e[p]).
+            bias = _cope_bias(enc, plain_q, k, mask)
+            if factor is not None:
+                bias = (bias.to(factor.dtype) * factor).to(q.dtype)
         if bias is None and mask is None:
             return q, k, None, self.causal
         attn = mask if bias is None else bias
@@ -485,6 +501,11 @@ def _kind_of(enc: nn.Module | None, num_heads: int, head_dim: int) -> str:
         return "none"
     if isinstance(enc, XPos):
         return "xpos"
+    if isinstance(enc, FourierRotaryEmbedding) and num_heads % enc.num_heads:
+        raise InputError(
+            f"FoPE has {enc.num_heads} coefficient sets, which cannot split {num_heads} heads "
+            f"into equal groups (num_heads must divide the head count of q and of k)"
+        )
     if isinstance(enc, _ROTARY):
         return "rotary"
     if isinstance(enc, _BIASES):
@@ -533,13 +554,6 @@ def _visible(mask: torch.Tensor | None, causal: bool, q_len: int, k_len: int) ->
     return torch.full((1, q_len), k_len)
 
 
-def _ssmax_queries(q: torch.Tensor, ssmax: ScalableSoftmax, visible: torch.Tensor) -> torch.Tensor:
-    """``q`` ``(batch, heads, q_len, head_dim)`` times ``s_h * ln(n)`` per query."""
-    f = ssmax.factor(visible.to(q.device))  # (b or 1, heads, q_len), float32 or wider
-    dt = torch.promote_types(f.dtype, _checks.compute_dtype(q))
-    return (q.to(dt) * f.to(dt)[..., None]).to(q.dtype)
-
-
 def _cope_bias(
     cope: CoPE, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
@@ -565,6 +579,7 @@ def _append_sink(
     nothing from it; exactly the sink column of :func:`attention_probs`."""
     b, h, q_len, _ = q.shape
     k_len = k.shape[2]
+    sinks = _check_sinks(sinks, h)
     bias = _as_bias(attn, q)
     if bias is None:
         bias = torch.zeros((1, 1, q_len, k_len), dtype=_checks.compute_dtype(q), device=q.device)
@@ -579,15 +594,26 @@ def _append_sink(
     return torch.cat([k, zero_k], dim=2), torch.cat([v, zero_v], dim=2), attn_sink
 
 
-def _scale_queries(
-    q: torch.Tensor, temperature: QueryTemperature, positions: torch.Tensor
-) -> torch.Tensor:
-    """``q`` ``(batch, heads, q_len, head_dim)`` times the factor at each query's position.
+def _query_factor(
+    temperature: QueryTemperature | ScalableSoftmax | None,
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    k_len: int,
+) -> torch.Tensor | None:
+    """What each query ``(batch, heads, q_len, head_dim)`` is multiplied by, broadcastable to
+    ``(batch, heads, q_len, 1)`` in float32 (float64 for float64 q); None without one.
 
-    ``positions`` is ``(q_len,)`` or ``(1 or batch, q_len)``. The product is formed in float32
-    (float64 for float64 input) and rounded once to q's dtype, so a half-precision q is not
-    rounded twice as it would be by a factor first cast to its dtype.
+    A :class:`QueryTemperature` is taken at the query positions ``(q_len,)`` or ``(1 or batch,
+    q_len)``; :class:`ScalableSoftmax` at the number of keys each query sees. Kept in the wider
+    dtype so that a half-precision q is rounded once, not twice.
     """
-    f = temperature.factor(positions, dtype=_checks.compute_dtype(q))
-    f = f[:, None, :, None] if f.dim() == 2 else f[:, None]  # broadcasts over heads, head_dim
-    return (q.to(f.dtype) * f).to(q.dtype)
+    if temperature is None:
+        return None
+    dt = _checks.compute_dtype(q)
+    if isinstance(temperature, ScalableSoftmax):
+        visible = _visible(mask, causal, q.shape[2], k_len).to(q.device)
+        return temperature.factor(visible).to(dt)[..., None]  # (b or 1, heads, q_len, 1)
+    f = temperature.factor(positions, dtype=dt)
+    return f[:, None, :, None] if f.dim() == 2 else f[None, None, :, None]

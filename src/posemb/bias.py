@@ -353,6 +353,14 @@ def kerple_bias(
         raise InputError(
             f"r1 and r2 must both have shape (heads,), got {tuple(a.shape)} and {tuple(b.shape)}"
         )
+    if not _checks.tracing():  # the kernels' ranges; a traced graph cannot read the values
+        top = 2.0 if kind == "power" else math.inf
+        if not bool((a > 0).all()) or not bool(((b > 0) & (b <= top)).all()):
+            raise InputError(
+                f"KERPLE-{kind} needs r1 > 0 and "
+                f"{'0 < r2 <= 2' if kind == 'power' else 'r2 > 0'}, got r1 {a.tolist()} and "
+                f"r2 {b.tolist()}"
+            )
     dt = _checks.compute_dtype(a)
     dist = relative_positions(q_positions, k_positions).to(a.device).abs().to(dt)
     if dist.dim() == 2:

@@ -294,6 +294,8 @@ class ScalableSoftmax(torch.nn.Module):
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         value = _checks.number("init_s", init_s, minimum=0.0, strict=True)
+        if not isinstance(learnable, bool):
+            raise InputError(f"learnable must be True or False, got {learnable!r}")
         s = torch.full((self.num_heads,), value)
         if learnable:
             self.s = torch.nn.Parameter(s)

@@ -186,10 +186,22 @@ class TinyLM(nn.Module):
     def set_extension(self, method: Extension | None) -> None:
         """Attend under a training-free extension (:class:`posemb.SelfExtend`, ReRoPE,
         DualChunk) in every layer, or plainly again with None. RoPE models only."""
-        if method is not None and not self.rotary_modules():
-            raise InputError(
-                f"an extension re-maps RoPE distances; this model is {self.cfg.encoding!r}"
-            )
+        if method is not None:
+            plain = [
+                isinstance(b.attn.encoding, RotaryEmbedding)
+                and b.attn.sinks is None
+                and b.attn.query_temperature is None
+                and b.attn.window is None
+                for b in self.blocks
+                if isinstance(b, Block)
+            ]
+            if not all(plain):
+                # extended_attention is RoPE attention alone: a NoPE layer, sinks, a temperature
+                # or a window would be dropped without a word.
+                raise InputError(
+                    f"an extension re-maps the distances of plain RoPE attention in every layer; "
+                    f"this model is {self.cfg.encoding!r}"
+                )
         for blk in self.blocks:
             if isinstance(blk, Block):
                 blk.extension = method

@@ -23,13 +23,19 @@ are distinct; values are drawn independently (two needles may share a value), so
 which does not see the queried needle cannot do better than ``CHANCE`` = 1 / ``VALUES``, even
 one that reads every other needle: the control probes rely on it.
 
-Defaults: 4 needles (``multikey_needles``), one queried and three distractors in a probe, as
-RULER's MK-NIAH-1 (``num_needle_k`` = 4). A training window holds ``needles`` needles and
-queries each once, somewhere after it (loss at the query positions only), which needs
-``4 * needles`` positions. A probe has the query in its last two positions, the queried needle
-``distance`` tokens before the last one (key at ``length - 1 - distance``, value after it; so
-``MIN_DISTANCE`` = 3 <= distance <= length - 1) and ``needles - 1`` distractor needles
-elsewhere. The **control** leaves the queried needle out (filler there; distractors in).
+A training window holds ``needles`` needles and queries each once, somewhere after it (loss
+at the query positions only): ``4 * needles`` positions. Default ``NEEDLES`` = 8
+(``multikey_needles``): half of a 64-token window, because the binding is learned in a sudden
+drop of the loss (the induction-head phase change) that comes sooner the more needles a window
+holds; a 2-layer RoPE model of width 64 at 64 tokens learned 8 needles in ~500 steps (width
+32: ~700), RULER's 4 (MK-NIAH-1 has 4 keys) only after ~1,200 (one seed each). Before the
+drop a model answers the value of some needle: ~30% with 4 needles, ~18% with 8.
+
+A probe has the query in its last two positions, the queried needle ``distance`` tokens before
+the last one (its key at ``length - 1 - distance``, its value after it; so ``MIN_DISTANCE`` = 3
+<= distance <= length - 1) and ``needles - 1`` distractor needles elsewhere, every layout
+equally likely. The **control** leaves the queried needle out (filler there, the distractors
+where they would be).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ QUERY = VALUE0 + VALUES  # the query marker, followed by the key asked for
 VOCAB = QUERY + 1
 CHANCE = 1 / VALUES
 IGNORE = _retrieval.IGNORE
-NEEDLES = 4  # the default number of needles (LabConfig.multikey_needles)
+NEEDLES = 8  # the default number of needles (LabConfig.multikey_needles)
 MIN_DISTANCE = 3  # a needle's two tokens end before the query's two
 
 
@@ -73,22 +79,6 @@ def check_sizes(needles: int, length: int) -> None:
             f"query, two tokens each) in a window of {length}, which holds at most "
             f"{length // 4}"
         )
-
-
-def check_distances(
-    distances: Sequence[int] | torch.Tensor,
-    length: int,
-    least: int = MIN_DISTANCE,
-    why: str = "a needle's two tokens before the query's two",
-) -> torch.Tensor:
-    """``distances`` as an int64 tensor ``(n,)``, refused (``InputError``, saying ``why`` the
-    least is what it is) unless ``n >= 1`` and ``least <= d <= length - 1`` for each."""
-    d = torch.as_tensor(distances, dtype=torch.int64)
-    if d.ndim != 1 or len(d) == 0 or int(d.min()) < least or int(d.max()) >= length:
-        raise InputError(
-            f"probe distances must be in {least}..{length - 1} ({why}), got {d.tolist()}"
-        )
-    return d
 
 
 def pair_starts(rows: int, length: int, count: int, gen: torch.Generator) -> torch.Tensor:
@@ -114,47 +104,27 @@ def _log_layouts(span: int, blocks: int) -> float:
     )
 
 
-def _log_choose(n: int, k: int) -> float:
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-
-
-def place_around(
-    anchor: int, length: int, inner: int, others: int, gen: torch.Generator
-) -> tuple[list[int], list[int]]:
-    """Starts of two-token blocks in a probe window around a fixed block.
-
-    The query fills the last two positions and a block starts at ``anchor``; this places
-    ``inner`` blocks between that block and the query (returned ascending) and ``others``
-    blocks anywhere else that is free (returned in random order), uniformly over every such
-    layout: ``(inner_starts (inner,), other_starts (others,))`` as lists. Raises
-    ``InputError`` when they cannot fit (the callers' size checks rule that out).
-    """
+def place_around(anchor: int, length: int, others: int, gen: torch.Generator) -> list[int]:
+    """Starts of ``others`` two-token blocks in a probe window whose last two positions hold
+    the query and whose queried needle starts at ``anchor``: anywhere free, in random order,
+    every layout equally likely. Raises ``InputError`` when they cannot fit (which
+    :func:`check_sizes` rules out)."""
     left = anchor  # positions [0, anchor)
     right = length - 4 - anchor  # positions [anchor + 2, length - 2)
-    # The layouts with k others left of the anchor: pick k by their number, exactly.
-    weights = [
-        _log_layouts(left, k)
-        + _log_layouts(right, inner + others - k)
-        + _log_choose(inner + others - k, inner)
-        for k in range(others + 1)
-    ]
+    # How many lie left of the needle: drawn in proportion to the layouts each count allows.
+    weights = [_log_layouts(left, k) + _log_layouts(right, others - k) for k in range(others + 1)]
     top = max(weights)
     if top == -math.inf:
         raise InputError(
-            f"{inner + others + 2} two-token blocks do not fit around a block at {anchor} in a "
-            f"window of {length}"
+            f"{others} two-token needles do not fit around one at {anchor} in a window of {length}"
         )
     probs = torch.tensor([math.exp(w - top) for w in weights], dtype=torch.float64)
     k = int(torch.multinomial(probs, 1, generator=gen))
-    starts_left = pair_starts(1, left, k, gen)[0].tolist() if k else []
-    n_right = inner + others - k
-    starts_right = (pair_starts(1, right, n_right, gen)[0] + anchor + 2).tolist() if n_right else []
-    # Which of the right-hand blocks are the inner ones: a random subset, kept in order.
-    chosen = set(torch.randperm(n_right, generator=gen)[:inner].tolist()) if n_right else set()
-    inner_starts = [s for i, s in enumerate(starts_right) if i in chosen]
-    rest = starts_left + [s for i, s in enumerate(starts_right) if i not in chosen]
-    order = torch.randperm(len(rest), generator=gen).tolist() if rest else []
-    return inner_starts, [rest[i] for i in order]
+    starts = pair_starts(1, left, k, gen)[0].tolist() if k else []
+    if others > k:
+        starts += (pair_starts(1, right, others - k, gen)[0] + anchor + 2).tolist()
+    order = torch.randperm(len(starts), generator=gen).tolist() if starts else []
+    return [starts[i] for i in order]
 
 
 def training_batch(
@@ -201,14 +171,19 @@ def probes(
     is left out (filler in its place, distractors where they would be): the control.
     """
     check_sizes(needles, length)
-    d = check_distances(distances, length)
+    d = torch.as_tensor(distances, dtype=torch.int64)
+    if d.ndim != 1 or len(d) == 0 or int(d.min()) < MIN_DISTANCE or int(d.max()) >= length:
+        raise InputError(
+            f"probe distances must be in {MIN_DISTANCE}..{length - 1} (a needle's two tokens "
+            f"before the query's two), got {d.tolist()}"
+        )
     n = len(d)
     inputs = torch.randint(0, FILLER, (n, length), generator=gen)
     keys = torch.argsort(torch.rand(n, KEYS, generator=gen), dim=1)[:, :needles]
     values = torch.randint(0, VALUES, (n, needles), generator=gen)
     needle_at = length - 1 - d
     for row, anchor in enumerate(needle_at.tolist()):
-        _, others = place_around(anchor, length, 0, needles - 1, gen)
+        others = place_around(anchor, length, needles - 1, gen)
         if others:
             at = torch.tensor(others)
             inputs[row, at] = KEY0 + keys[row, 1:]

@@ -10,8 +10,9 @@ edition) are sized here for the lab's model, L = the training length, 4 layers o
   leaves 4 of 16 pairs unrotated.
 - ``irope``: Llama 4's interleaving: RoPE in every layer but the last, which has no positions
   (NoPE) and Llama 4's query temperature, 1 + 0.1 ln(1 + floor((p + 1) / L)): Meta's
-  floor_scale 8192 with attn_scale 0.1, the floor set to L here, so the factor is 1 through
-  training and grows past it, as Llama 4's does past 8,192 tokens.
+  floor_scale 8192 with attn_scale 0.1, the floor set to L here, so the factor is 1 at every
+  trained position but the last (p = L - 1, where it first steps, as Llama 4's does at
+  p = 8,191) and grows by steps past it.
 - ``rnope-swa``: RNoPE-SWA (Yang et al. 2025, "Rope to Nope and Back Again: A New Hybrid
   Attention Strategy"; Cohere's ``cohere2`` models): RoPE with a sliding window of L / 2 in
   every layer but the last, which attends globally without positions (Command R7B: windows of
@@ -20,8 +21,10 @@ edition) are sized here for the lab's model, L = the training length, 4 layers o
   frequency at L (at head_dim 32 and L = 64, 5 of 16 pairs are kept) and coefficients per head,
   fixed and drawn as the authors' code draws them (``init="xavier"``, gain 0.3, the gain of
   their smallest model).
-- ``cope``: CoPE (Golovneva et al. 2024), :class:`posemb.CoPE`, its table of ``L`` rows (a
-  contextual position can reach L within a training window, never more).
+- ``cope``: CoPE (Golovneva et al. 2024), :class:`posemb.CoPE`, its table of ``L`` rows: a
+  contextual position reaches at most L in a training window (every gate open), so positions
+  L - 1 and L share the last row in training and everything longer clamps to it. The authors
+  size theirs L + 1 (nothing clamps in training); the difference is one row.
 - ``kerple``: KERPLE-log (Chi et al. 2022), :class:`posemb.KerpleBias`, the variant the paper
   finds best.
 - ``rope+sinks``: RoPE with a learned sink logit per head in every layer (gpt-oss).
