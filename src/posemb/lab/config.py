@@ -164,10 +164,10 @@ class LabConfig:
     retrieval_probes: int = 64
     entropy_windows: int = 4
     multikey_needles: int = _multikey.NEEDLES
-    multikey_steps: int = 600
+    multikey_steps: int = 800  # learned at ~400-700 steps (width 64, 8 needles, 3 seeds)
     vartrack_hops: int = _vartrack.HOPS
     vartrack_chains: int = _vartrack.CHAINS
-    vartrack_steps: int = 600
+    vartrack_steps: int = 2000  # learned at ~1,250-1,500 (width 64, 8 chains, 2 seeds)
     race_len: int = 256
     race_steps: tuple[int, ...] = (0, 25, 50, 100, 200)
     race_seeds: tuple[int, ...] = (0, 1)
