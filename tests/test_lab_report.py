@@ -174,3 +174,26 @@ def test_an_old_race_summary_still_reads_and_calls_nothing():
     assert "mean ± std over 4 runs" in md and "beats" not in md
     assert "counts every fine-tuning seed as an independent model" in md
     assert report.default_summary()["race"] == _full()["race"]
+
+
+def test_the_recent_suites_shipped_report_is_its_results():
+    """docs/lab/recent/results.md is what the report makes of the shipped results.json, and
+    that run is the recent suite with every probe task's control at chance."""
+    folder = os.path.join(ROOT, "docs", "lab", "recent")
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(folder, "results.md"), encoding="utf-8") as f:
+        assert report.markdown(summary) == f.read()
+    from posemb.lab.config import SUITES
+
+    variants, tasks = SUITES["recent"]
+    assert tuple(summary["config"]["variants"]) == variants
+    assert tuple(summary["config"]["tasks"]) == tasks
+    for task in ("retrieval", "multikey", "vartrack"):
+        r = summary[task]
+        for variant, per_len in r["variants"].items():
+            ctl = [e["control"] for e in per_len.values()]
+            rate = sum(c["correct"] for c in ctl) / sum(c["total"] for c in ctl)
+            # Pooled over lengths: 160 probes a variant, so 4 binomial standard errors.
+            se = math.sqrt(r["chance"] * (1 - r["chance"]) / sum(c["total"] for c in ctl))
+            assert abs(rate - r["chance"]) < 4 * se, (task, variant, rate)
