@@ -224,8 +224,11 @@ def test_a_second_patch_swaps_the_method_in_place_and_a_decode_step_is_the_prefi
         model(x[:, :80], cache=cache)
         step = model(x[:, 80:], cache=cache).logits
         whole = model(x).logits[:, 80:]
-    # The same products in the same order: the cache's unrotated keys change nothing.
-    assert torch.equal(step, whole)
+    # The cache's unrotated keys change nothing: the same products, though not always summed in
+    # the same order (a 10-row and a 90-row product take different BLAS kernels on some CPUs:
+    # bit-equal on the Intel machine this was written on, 2.4e-7 apart on an AMD EPYC), so the
+    # float32 row of the table.
+    assert_close(step, whole, torch.float32)
 
 
 def test_a_cache_of_the_patch_is_refused_by_the_plain_model_and_the_reverse():

@@ -227,25 +227,12 @@ def evaluate(
     the length, so every model sees the same ones. ``model`` maps ``(b, length)`` tokens to
     ``(b, length, VOCAB)`` logits; its answer is the argmax at the last position.
     """
-    out: dict[str, dict[str, object]] = {}
     for n in lengths:
         check_sizes(needles, n)
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
-        entry: dict[str, object] = {"anywhere": anywhere(model, n, needles, count, gen)}
-        per_bin = {}
-        for lo, hi in _retrieval.distance_bins(train_len, n):
-            first, last = max(lo + 1, MIN_DISTANCE), min(hi, n - 1)
-            if first > last:
-                continue
-            d = torch.randint(first, last + 1, (max(1, count // 2),), generator=gen)
-            x, a = probes(d, n, needles, gen)
-            per_bin[_retrieval.bin_label(lo, hi)] = {
-                "correct": _retrieval.correct(model, x, a),
-                "total": len(d),
-            }
-        entry["by_distance"] = per_bin
-        d_ctl = torch.randint(MIN_DISTANCE, n, (max(1, count // 2),), generator=gen)
-        x, a = probes(d_ctl, n, needles, gen, present=False)
-        entry["control"] = {"correct": _retrieval.correct(model, x, a), "total": len(d_ctl)}
-        out[str(n)] = entry
-    return out
+
+    def make(d: torch.Tensor, n: int, gen: torch.Generator, present: bool) -> _retrieval.Probes:
+        return probes(d, n, needles, gen, present)
+
+    return _retrieval.evaluate_probes(
+        model, lengths, train_len, count, seed, make, least=MIN_DISTANCE
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -167,18 +167,48 @@ def evaluate(
     within it; ``control``: ``count // 2`` probes without the fact. The probes depend only on
     ``seed`` and the length, so every model sees the same ones.
     """
+
+    def make(d: torch.Tensor, n: int, gen: torch.Generator, present: bool) -> Probes:
+        return probes(d, n, facts, gen, present)
+
+    return evaluate_probes(model, lengths, train_len, count, seed, make, least=1)
+
+
+Probes = tuple[torch.Tensor, torch.Tensor]
+
+
+def evaluate_probes(
+    model: nn.Module,
+    lengths: Sequence[int],
+    train_len: int,
+    count: int,
+    seed: int,
+    make: Callable[[torch.Tensor, int, torch.Generator, bool], Probes],
+    least: int,
+) -> dict[str, dict[str, object]]:
+    """A probe task's counts at each length (every task's ``evaluate``): ``make(distances
+    (n,), length, generator, present)`` gives ``(inputs (n, length), answers (n,))`` with what
+    the answer depends on at each distance (``present=False``: left out, the control), and
+    ``least`` is the shortest distance the task can place. The shape of the result and the
+    order of the draws are :func:`evaluate`'s; a :func:`distance_bins` bin wholly below
+    ``least`` is left out."""
     out: dict[str, dict[str, object]] = {}
     for n in lengths:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
-        entry: dict[str, object] = {"anywhere": anywhere(model, n, facts, count, gen)}
+        d = torch.randint(least, n, (count,), generator=gen)
+        x, a = make(d, n, gen, True)
+        entry: dict[str, object] = {"anywhere": {"correct": correct(model, x, a), "total": count}}
         per_bin = {}
         for lo, hi in distance_bins(train_len, n):
-            d = torch.randint(lo + 1, min(hi, n - 1) + 1, (max(1, count // 2),), generator=gen)
-            x, a = probes(d, n, facts, gen)
+            first, last = max(lo + 1, least), min(hi, n - 1)
+            if first > last:
+                continue
+            d = torch.randint(first, last + 1, (max(1, count // 2),), generator=gen)
+            x, a = make(d, n, gen, True)
             per_bin[bin_label(lo, hi)] = {"correct": correct(model, x, a), "total": len(d)}
         entry["by_distance"] = per_bin
-        d_ctl = torch.randint(1, n, (max(1, count // 2),), generator=gen)
-        x, a = probes(d_ctl, n, facts, gen, present=False)
+        d_ctl = torch.randint(least, n, (max(1, count // 2),), generator=gen)
+        x, a = make(d_ctl, n, gen, False)
         entry["control"] = {"correct": correct(model, x, a), "total": len(d_ctl)}
         out[str(n)] = entry
     return out
