@@ -38,6 +38,10 @@ COVERED_ELSEWHERE = {
     "kernels/triton.py": "the Triton backend, in the same suite: test_kernels.py",
     "kernels/build.py": "the op's compile flags: test_kernels_cpu.py, test_wheel.py",
     "lab/race.py": "the fine-tuning race runs in a sweep: test_lab_tasks.py",
+    "lab/resumable.py": (
+        "a job's training across invocations: test_lab_sweep.py (killed jobs resume to the "
+        "same result), test_lab_distributed.py (ranks resume from one checkpoint)"
+    ),
     "lesson/registry.py": "what screens register: lesson/test_claims.py",
     "lesson/measure.py": "read by every screen's test: lesson/test_s01_blender.py ...",
     "lesson/charts.py": "every chart's spec: lesson/test_figures.py",
@@ -90,6 +94,8 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_axial_presets.py",  # axial.py's presets against transformers and torchtune
         "test_lab_distributed.py",  # lab/distributed.py
         "test_lab_tasks.py",
+        "test_kerple.py",  # bias.py's KERPLE, against its two kernels
+        "test_logit_modifiers.py",  # sinks, SSMax and windows: attention.py, temperature.py
         "lesson/test_browser.py",  # the built page in Chromium
     }
     src = ROOT / "src" / "posemb"
