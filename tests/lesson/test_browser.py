@@ -64,6 +64,22 @@ def _open(browser, index: pathlib.Path, scheme: str):
     return context, page, errors, requests
 
 
+def _save_screen(page, anchor: str, path: pathlib.Path) -> None:
+    """Save one screen (a section 1,500-4,800 px tall) as a picture for reviewers.
+
+    A locator screenshot scrolls the section into view and waits for two animation frames with
+    the same box; on a starved CI machine that wait ran past 30 s once. These pictures assert
+    nothing, so they come from a full-page capture clipped to the section's box instead.
+    """
+    box = page.evaluate(
+        """(a) => { const r = document.getElementById(a).getBoundingClientRect();
+                    return {x: r.left + scrollX, y: r.top + scrollY,
+                            width: r.width, height: r.height}; }""",
+        anchor,
+    )
+    page.screenshot(path=str(path), full_page=True, clip=box)
+
+
 def _axe(page) -> list[dict]:
     import axe_playwright_python
 
@@ -92,9 +108,7 @@ def test_page_loads_offline_and_clean(browser, lesson_build, scheme):
         if scheme == "light":
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             for s in manifest["screens"]:
-                page.locator(f"#{s['anchor']}").screenshot(
-                    path=str(ARTIFACTS / f"{s['anchor']}.png")
-                )
+                _save_screen(page, s["anchor"], ARTIFACTS / f"{s['anchor']}.png")
     finally:
         context.close()
 
@@ -257,8 +271,8 @@ def test_a_phone_sized_window_scrolls_only_down_and_keeps_text_readable(browser,
         )
         assert not small, small[:10]
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        for s in page.locator("section.screen").all():
-            s.screenshot(path=str(ARTIFACTS / f"{s.get_attribute('id')}-400px.png"))
+        for anchor in page.eval_on_selector_all("section.screen", "els => els.map(e => e.id)"):
+            _save_screen(page, anchor, ARTIFACTS / f"{anchor}-400px.png")
     finally:
         context.close()
 
@@ -284,9 +298,7 @@ def test_dark_mode_draws_no_white_boxes(browser, lesson_build):
             shot = page.locator(f"#{fig['id']}").screenshot()
             assert _near_white(shot) < 0.05, fig["id"]
         for s in manifest["screens"]:
-            page.locator(f"#{s['anchor']}").screenshot(
-                path=str(ARTIFACTS / f"{s['anchor']}-dark.png")
-            )
+            _save_screen(page, s["anchor"], ARTIFACTS / f"{s['anchor']}-dark.png")
         assert not errors, errors
     finally:
         context.close()
