@@ -7,6 +7,8 @@ import pytest
 
 from lab_configs import TINY
 from posemb.lab import sweep
+from posemb.lab.config import TASKS, LabConfig
+from posemb.lab.tasks import PROBE_TASKS
 
 
 @pytest.mark.parametrize(
@@ -84,3 +86,23 @@ def test_config_sequences_become_tuples_and_defaults_are_valid():
     assert cfg == dataclasses.replace(TINY, eval_lens=(16, 64), seeds=(2, 1), variants=("rope",))
     sweep.LabConfig()  # the default protocol and the quick one construct
     sweep.quick_config()
+
+
+def test_every_protocol_setting_is_in_some_jobs_digest():
+    # sweep.preflight lets a folder written before a setting existed resume while that setting
+    # keeps its default, relying on each job's digest to refuse what the setting changes: that
+    # holds only if every protocol setting reaches some job's key.
+    cfg = LabConfig(tasks=TASKS)
+    keys: set[str] = set()
+    for kind in ("lm", *PROBE_TASKS, "race"):
+        keys |= set(cfg.job_key("rope", 0, kind, 0 if kind == "race" else None))
+    keys |= {"corpus_sha256"}  # the job keys hold the same content id as "corpus"
+    changes_no_number = {"checkpoint_every"}  # how often a checkpoint is written
+    assert set(cfg.protocol()) - keys == changes_no_number
+
+
+def test_a_flipflop_length_that_is_odd_is_refused_naming_its_flag():
+    with pytest.raises(ValueError, match=r"--eval-lens 99 for the flipflop task: .*even length"):
+        LabConfig(eval_lens=(64, 99), tasks=("lm", "flipflop"))
+    with pytest.raises(ValueError, match=r"--train-len 63 for the flipflop task"):
+        LabConfig(train_len=63, eval_lens=(64, 128), tasks=("flipflop",))

@@ -12,16 +12,40 @@ from posemb.lab.model import EXTENSIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = os.path.join(ROOT, "docs", "lab", "results.json")
+RECENT = os.path.join(ROOT, "docs", "lab", "recent", "results.json")
 
 
-def _full():
-    with open(FULL, encoding="utf-8") as f:
+def _full(path=FULL):
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
 def test_shipped_summary_is_the_compact_default_run():
     # If this fails, docs/lab/results.json changed: run `python scripts/make_lab_summary.py`.
     assert report.default_summary() == report.compact(_full())
+
+
+def test_shipped_recent_summary_is_the_compact_recent_run():
+    # If this fails: `python scripts/make_lab_summary.py --suite recent`.
+    small = report.recent_summary()
+    assert small == report.compact(_full(RECENT))
+    full = _full(RECENT)
+    for task in ("multikey", "vartrack"):
+        assert small[task]["chance"] == full[task]["chance"] and small[task]["sizes"]
+        assert set(small[task]["variants"]) == set(full["config"]["variants"])
+        for variant, per_len in full[task]["variants"].items():
+            for n, at in per_len.items():
+                assert small[task]["variants"][variant][n] == {
+                    k: at[k] for k in ("anywhere", "control")
+                }
+    # The default run has no such task: its summary says so rather than leaving the key out.
+    assert report.default_summary()["multikey"] is None
+
+
+def test_write_default_summary_refuses_a_suite_with_no_shipped_summary(tmp_path):
+    with pytest.raises(ValueError, match="suite: 'all'"):
+        report.write_default_summary(FULL, str(tmp_path / "s.json"), suite="all")
+    assert not (tmp_path / "s.json").exists()
 
 
 def test_compact_keeps_every_mean_and_drops_the_curves():
@@ -37,6 +61,9 @@ def test_compact_keeps_every_mean_and_drops_the_curves():
         "results",
         "coincide",
         "retrieval",
+        "multikey",
+        "vartrack",
+        "flipflop",
         "entropy",
         "race",
     }

@@ -11,6 +11,7 @@ from posemb.lab.schema import (
     EntropyAt,
     LabSummary,
     LossAt,
+    Probe,
     Retrieval,
     RetrievalAt,
     Stat,
@@ -40,6 +41,31 @@ def test_the_shipped_summary_has_the_schemas_keys():
         for per_len in modes.values():
             for at in per_len.values():
                 assert set(at) == _keys(EntropyAt)
+
+
+def test_the_recent_summary_has_the_schemas_keys_and_answers_accuracy():
+    s = report.recent_summary()
+    assert set(s) == _keys(Summary)
+    lab = LabSummary.of(s)
+    for task in ("multikey", "vartrack"):
+        assert set(s[task]) == _keys(Probe)
+        at = s[task]["variants"]["rope"]["1024"]["anywhere"]
+        assert set(at) == _keys(Accuracy)
+        assert lab.accuracy(task, "rope", 1024) == at
+        assert lab.chance(task) == s[task]["chance"] and 0 < lab.chance(task) < 1
+    assert (
+        lab.accuracy("retrieval", "cope", 64)
+        == s["retrieval"]["variants"]["cope"]["64"]["anywhere"]
+    )
+    with pytest.raises(ValueError, match="no 'multikey' accuracy for 'alibi' at 1024"):
+        lab.accuracy("multikey", "alibi", 1024)
+    with pytest.raises(ValueError, match="no 'multikey' accuracy for 'rope' at 100"):
+        lab.accuracy("multikey", "rope", 100)
+    with pytest.raises(ValueError, match="'entropy' is not a probe task"):
+        lab.accuracy("entropy", "rope", 1024)
+    # The default run has no multikey task: asked for it, the reader says so.
+    with pytest.raises(ValueError, match="no 'multikey' results"):
+        LabSummary.of(report.default_summary()).chance("multikey")
 
 
 def test_the_reader_answers_from_the_summary():

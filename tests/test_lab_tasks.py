@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -165,3 +166,22 @@ def test_protocol_is_json_and_leaves_out_what_only_picks_jobs():
     assert a.digest("alibi", 0) == b.digest("alibi", 0)
     assert a.digest("rope", 0) != b.digest("rope", 0)
     assert a.digest("rope", 0, "race", 0) != a.digest("rope", 0, "race", 1)
+
+
+def test_a_folder_written_before_a_setting_existed_resumes_while_it_keeps_its_default(
+    quick, tmp_path
+):
+    out, _ = quick
+    old = str(tmp_path / "old")
+    shutil.copytree(out, old)
+    path = os.path.join(old, "protocol.json")
+    with open(path, encoding="utf-8") as f:
+        protocol = json.load(f)
+    del protocol["flipflop_steps"]  # as posemb wrote it before the flipflop task
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(protocol, f)
+    # force: the edit above is not the lab's own; what is checked is the protocol.
+    sweep.preflight(QUICK_TASKS, old, force=True)
+    other = dataclasses.replace(QUICK_TASKS, flipflop_steps=QUICK_TASKS.flipflop_steps + 1)
+    with pytest.raises(ValueError, match=r"another protocol \(flipflop_steps None != "):
+        sweep.preflight(other, old, force=True)

@@ -327,6 +327,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "retrieval_steps": args.retrieval_steps,
             "multikey_steps": args.multikey_steps,
             "vartrack_steps": args.vartrack_steps,
+            "flipflop_steps": args.flipflop_steps,
             "race_len": args.race_len,
             "race_steps": tuple(args.race_steps) if args.race_steps else None,
             "race_seeds": tuple(args.race_seeds) if args.race_seeds else None,
@@ -580,18 +581,20 @@ def _add_lab(sub: Any) -> None:
         "--tasks",
         nargs="+",
         metavar="TASK",
-        help="lm (loss), retrieval, entropy, race, multikey, vartrack (default: the suite's)",
+        help="lm (loss), retrieval, entropy, race, multikey, vartrack, flipflop (default: the "
+        "suite's)",
     )
     lab.add_argument(
         "--suite",
         choices=("classic", "recent", "all"),
         help="classic (default): the encodings of 2017-2023, scalings and extensions on loss, "
         "retrieval, entropy and the race; recent: those of 2024-26 beside rope and nope on "
-        "loss, retrieval, multikey, vartrack and entropy; all: both",
+        "loss, retrieval, multikey, vartrack, flipflop and entropy; all: both",
     )
     lab.add_argument("--retrieval-steps", type=int, help="training steps per retrieval model")
     lab.add_argument("--multikey-steps", type=int, help="training steps per multikey model")
     lab.add_argument("--vartrack-steps", type=int, help="training steps per vartrack model")
+    lab.add_argument("--flipflop-steps", type=int, help="training steps per flipflop model")
     lab.add_argument("--race-len", type=int, help="length the race fine-tunes at (default 4x)")
     lab.add_argument("--race-steps", type=int, nargs="+", help="race milestones N (steps)")
     lab.add_argument("--race-seeds", type=int, nargs="+", help="fine-tuning seeds of the race")

@@ -27,6 +27,7 @@ PLOT_FILES = (
     "loss_vs_length.png",
     "loss_vs_position.png",
     "retrieval.png",
+    "probes.png",
     "entropy.png",
     "race.png",
 )
@@ -35,7 +36,7 @@ _JOB_FILES = (("runs", ".json"), ("checkpoints", ".pt"))
 
 
 # The probe tasks' job kinds (posemb.lab.tasks.PROBE_TASKS; named here, below that table).
-PROBE_KINDS = ("retrieval", "multikey", "vartrack")
+PROBE_KINDS = ("retrieval", "multikey", "vartrack", "flipflop")
 
 
 def job_paths(
@@ -68,7 +69,7 @@ def write_file(out: str, path: str, data: bytes) -> None:
 
 # A job's file name (job_paths): a variant's name (letters, digits, "+", "-") and its seeds.
 _JOB_NAME = re.compile(
-    r"(?:(?:retrieval|multikey|vartrack)-)?[a-z0-9+-]+-seed\d+|race-[a-z0-9+-]+-seed\d+-race\d+"
+    r"(?:(?:retrieval|multikey|vartrack|flipflop)-)?[a-z0-9+-]+-seed\d+|race-[a-z0-9+-]+-seed\d+-race\d+"
 )
 
 

@@ -25,13 +25,17 @@ from .tasks import PROBE_TASKS
 from .variants import CLASSIC, RECENT
 
 INFERENCE = SCALINGS + EXTENSIONS
-TASKS = ("lm", "retrieval", "entropy", "race", "multikey", "vartrack")
-# Two suites, each within the default run's time budget on the 2-core machine: the encodings of
-# 2017-2023 on the lab's first tasks (the protocol docs/lab's findings come from), and those of
-# 2024-26 beside RoPE and NoPE on the long-context tasks; "all" runs both in one folder.
+TASKS = ("lm", "retrieval", "entropy", "race", "multikey", "vartrack", "flipflop")
+# Two suites: the encodings of 2017-2023 on the lab's first tasks (the default, within the
+# 20-minute budget on the 2-core machine; docs/lab's first findings), and those of 2024-26
+# beside RoPE and NoPE on the long-context tasks (longer: docs/lab.md says how long and why);
+# "all" runs both in one folder.
 SUITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "classic": (CLASSIC + INFERENCE, ("lm", "retrieval", "entropy", "race")),
-    "recent": (("rope", "nope", *RECENT), ("lm", "retrieval", "multikey", "vartrack", "entropy")),
+    "recent": (
+        ("rope", "nope", *RECENT),
+        ("lm", "retrieval", "multikey", "vartrack", "flipflop", "entropy"),
+    ),
     "all": (VARIANTS, TASKS),
 }
 DEFAULT_VARIANTS, DEFAULT_TASKS = SUITES["classic"]
@@ -58,6 +62,7 @@ _POSITIVE = (
     "vartrack_hops",
     "vartrack_chains",
     "vartrack_steps",
+    "flipflop_steps",
 )
 # Settings that change no job's numbers, or that say which jobs run rather than what they do.
 # device and data_parallel change numbers by float rounding only, as the thread count does
@@ -104,6 +109,7 @@ _CLI_FLAGS = frozenset(
         "retrieval_steps",
         "multikey_steps",
         "vartrack_steps",
+        "flipflop_steps",
         "race_len",
         "race_steps",
         "race_seeds",
@@ -168,6 +174,8 @@ class LabConfig:
     vartrack_hops: int = _vartrack.HOPS
     vartrack_chains: int = _vartrack.CHAINS
     vartrack_steps: int = 2000  # learned at ~1,250-1,500 (width 64, 8 chains, 2 seeds)
+    # Every variant but NoPE ends below 0.007 nats at 64 tokens (2 seeds; NoPE 0.24-0.35).
+    flipflop_steps: int = 600
     race_len: int = 256
     race_steps: tuple[int, ...] = (0, 25, 50, 100, 200)
     race_seeds: tuple[int, ...] = (0, 1)
@@ -258,10 +266,14 @@ class LabConfig:
                 f"{facts} facts (two positions each, {_flag('retrieval_facts')}): use "
                 f"--train-len {2 * facts} or more, or --tasks without retrieval and race"
             )
-        for name in ("multikey", "vartrack"):
-            if name in self.tasks:
-                task = PROBE_TASKS[name]
-                task.module.check_sizes(*task.sizes(self), self.train_len)
+        for name, task in PROBE_TASKS.items():
+            if name != "retrieval" and name in self.tasks:
+                for n in (self.train_len, *lens):  # flipflop windows must be even
+                    try:
+                        task.module.check_sizes(*task.sizes(self), n)
+                    except InputError as err:
+                        flag = "--train-len" if n == self.train_len else "--eval-lens"
+                        raise InputError(f"{flag} {n} for the {name} task: {err}") from None
         if "race" in self.tasks:
             race_len = self.race_len
             if not _is_int(race_len) or not self.train_len < race_len <= lens[-1]:

@@ -68,7 +68,7 @@ def draw(summary: dict, out: str) -> list[str]:
     ax.set_title("Loss by position")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     written.append(_save_figure(fig, os.path.join(out, "loss_vs_position.png")))
-    for plot in (plot_retrieval, plot_entropy, plot_race):
+    for plot in (plot_retrieval, plot_probes, plot_entropy, plot_race):
         written += plot(summary, out, plt)
     return written
 
@@ -137,6 +137,50 @@ def plot_retrieval(summary: dict, out: str, plt: Any) -> list[str]:
     bx.set_title("By distance")
     ax.legend(fontsize=7, ncol=2)
     return [_save_figure(fig, os.path.join(out, "retrieval.png"))]
+
+
+PROBE_PANELS = {
+    "multikey": "Multi-key needles: the queried key's value",
+    "vartrack": "Variable tracking: the queried variable's value",
+    "flipflop": "Flip-flop: the last written bit",
+}
+"""The probe tasks beside one-fact retrieval drawn in ``probes.png``, with their titles."""
+
+
+def plot_probes(summary: dict, out: str, plt: Any) -> list[str]:
+    """Accuracy by window length of each probe task the sweep ran beyond one-fact retrieval
+    (multikey, vartrack, flipflop), one panel each, against chance. Bars: one standard
+    deviation over seeds, or with one seed the binomial standard error of its probes (the
+    legend says which)."""
+    tasks = [t for t in PROBE_PANELS if summary.get(t)]
+    if not tasks:
+        return []
+    lens, train = summary["config"]["eval_lens"], summary["config"]["train_len"]
+    seeds = len(summary["config"]["seeds"])
+    spread = "std" if seeds > 1 else "se"
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        r = summary[task]
+        points = {
+            v: [
+                (n, p[str(n)]["anywhere"]["mean"], p[str(n)]["anywhere"][spread] or 0.0)
+                for n in lens
+                if str(n) in p
+            ]
+            for v, p in r["variants"].items()
+        }
+        for variant, (label, pts) in _merged(points).items():
+            xs, ys, err = zip(*pts, strict=True)
+            ax.errorbar(xs, ys, yerr=err, **_style(variant), capsize=2, label=label)
+        ax.axhline(r["chance"], color="grey", ls=":", label="chance")
+        ax.set_ylim(0, 1.02)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"window length (tokens; trained at {train})")
+        ax.set_ylabel("accuracy")
+        ax.set_title(PROBE_PANELS[task], fontsize=10)
+    bars = f"bars: ± std over {seeds} seeds" if seeds > 1 else "one seed; bars: standard error"
+    axes[0][0].legend(fontsize=7, ncol=2, title=bars, title_fontsize=7)
+    return [_save_figure(fig, os.path.join(out, "probes.png"))]
 
 
 def plot_entropy(summary: dict, out: str, plt: Any) -> list[str]:
@@ -217,4 +261,4 @@ def _save_figure(fig: Figure, path: str, bottom: float = 0.0) -> str:
     return path
 
 
-__all__ = ["draw", "plot_entropy", "plot_race", "plot_retrieval"]
+__all__ = ["PROBE_PANELS", "draw", "plot_entropy", "plot_probes", "plot_race", "plot_retrieval"]

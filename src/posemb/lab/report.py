@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from .._errors import InputError
 from .._io import atomic_write_bytes
 from .._version import __version__
 from . import checkpoints as _checkpoints
 from .invocations import how_it_ran, invocation, machine_description, one_invocation
 from .plots import draw as _plots
 from .race import RACE_UNIT
-from .schema import Summary
+from .schema import Probe, Summary
 from .tasks import PROBE_TASKS
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("posemb.lab")
 
 DEFAULT_SUMMARY = "default_summary.json"
+RECENT_SUMMARY = "recent_summary.json"
+SHIPPED_SUMMARIES = {"classic": DEFAULT_SUMMARY, "recent": RECENT_SUMMARY}
+"""The suites whose :func:`compact` summary ships in ``lab/data`` (the lesson reads them)."""
 
 
 def mean_std(values: Sequence[float]) -> dict[str, float | int | None]:
@@ -344,13 +348,16 @@ def compact(summary: dict) -> Summary:
     the per-position curves.
 
     Returns ``{"corpus": {"name", "characters", "vocab"}, "unigram_entropy", "train_len",
-    "eval_lens", "config", "versions", "results", "coincide", "retrieval", "entropy", "race"}``
+    "eval_lens", "config", "versions", "results", "coincide", "retrieval", "multikey",
+    "vartrack", "flipflop", "entropy", "race"}``
     where ``results[variant][str(eval_len)]`` is ``{"all": {"mean", "std", "n"}, "past":
     {"mean", "std", "n"} or None}``: the loss in nats/char over all positions and past the
     training length (None at the training length), mean over ``n`` seeds, ``std`` None when
     ``n`` is 1. ``retrieval`` keeps accuracy by length (``anywhere``, ``control``) and by
-    distance pooled over lengths; ``entropy`` the per-layer means and the mean over layers;
-    ``race`` is kept whole. The last three are None for a sweep that did not run them.
+    distance pooled over lengths, and ``multikey``, ``vartrack`` and ``flipflop`` the same with
+    their sizes;
+    ``entropy`` the per-layer means and the mean over layers; ``race`` is kept whole. A task
+    the sweep did not run is None.
     JSON-ready (lists, not tuples).
     """
     cfg = json.loads(json.dumps(summary["config"]))
@@ -383,6 +390,7 @@ def compact(summary: dict) -> Summary:
             },
             "by_distance": r["by_distance"],
         },
+        **{task: _compact_probe(summary.get(task)) for task in PROBE_TASKS if task != "retrieval"},
         "entropy": None
         if not e
         else {
@@ -403,13 +411,40 @@ def compact(summary: dict) -> Summary:
     return cast(Summary, out)
 
 
-def write_default_summary(results_json: str, out: str | None = None) -> str:
+def _compact_probe(task: dict | None) -> Probe | None:
+    """A probe task's part of :func:`compact` (``multikey``, ``vartrack``, ``flipflop``):
+    chance, its size,
+    accuracy by length (``anywhere``, ``control``), and by distance pooled over lengths."""
+    if not task:
+        return None
+    out = {
+        "chance": task["chance"],
+        "sizes": dict(task["sizes"]),
+        "probes": task["probes"],
+        "variants": {
+            v: {n: {k: x[k] for k in ("anywhere", "control")} for n, x in per_len.items()}
+            for v, per_len in task["variants"].items()
+        },
+        "by_distance": task["by_distance"],
+    }
+    return cast(Probe, out)
+
+
+def write_default_summary(
+    results_json: str, out: str | None = None, *, suite: str = "classic"
+) -> str:
     """Write :func:`compact` of the sweep summary ``results_json`` to ``out`` (default: the
-    packaged ``lab/data/default_summary.json``), atomically; return the path written."""
+    packaged summary of ``suite``, ``lab/data/default_summary.json`` for the default
+    ``classic`` suite, ``lab/data/recent_summary.json`` for ``recent``), atomically; return
+    the path written."""
+    if suite not in SHIPPED_SUMMARIES:
+        raise InputError(
+            f"suite: {suite!r} has no shipped summary; one of {list(SHIPPED_SUMMARIES)}"
+        )
     with open(results_json, encoding="utf-8") as f:
         small = compact(json.load(f))
     if out is None:
-        out = os.path.join(os.path.dirname(__file__), "data", DEFAULT_SUMMARY)
+        out = os.path.join(os.path.dirname(__file__), "data", SHIPPED_SUMMARIES[suite])
     atomic_write_bytes(out, (json.dumps(small, indent=1) + "\n").encode())
     return out
 
@@ -417,7 +452,18 @@ def write_default_summary(results_json: str, out: str | None = None) -> str:
 def default_summary() -> Summary:
     """The shipped :func:`compact` summary of the default lab run (``docs/lab/results.json``);
     :class:`posemb.lab.schema.LabSummary` reads it."""
-    text = resources.files("posemb.lab").joinpath(f"data/{DEFAULT_SUMMARY}").read_text("utf-8")
+    return _shipped(DEFAULT_SUMMARY)
+
+
+def recent_summary() -> Summary:
+    """The shipped :func:`compact` summary of ``posemb lab --suite recent``
+    (``docs/lab/recent/results.json``): the 2024-26 encodings beside RoPE and NoPE, with the
+    multikey and variable-tracking tasks."""
+    return _shipped(RECENT_SUMMARY)
+
+
+def _shipped(name: str) -> Summary:
+    text = resources.files("posemb.lab").joinpath(f"data/{name}").read_text("utf-8")
     return cast(Summary, json.loads(text))
 
 
@@ -534,9 +580,9 @@ def _probe_md(summary: dict, task: str) -> str:
             f"{r['chance']:.3f}). {noise} Control: the queried fact removed, pooled over lengths."
         )
     else:
-        sizes = ", ".join(f"{k} {v}" for k, v in r["sizes"].items())
+        sizes = "".join(f"; {k} {v}" for k, v in r["sizes"].items())
         head = (
-            f"{task.capitalize()} accuracy ({r['description']}; {sizes}; {r['probes']} probes "
+            f"{PROBE_TASKS[task].title} accuracy ({r['description']}{sizes}; {r['probes']} probes "
             f"per length and seed; chance {r['chance']:.3f}). {noise} Control: what the answer "
             f"depends on removed, pooled over lengths."
         )
@@ -663,6 +709,8 @@ def _race_md(summary: dict) -> str:
 
 __all__ = [
     "DEFAULT_SUMMARY",
+    "RECENT_SUMMARY",
+    "SHIPPED_SUMMARIES",
     "accuracy",
     "coincident",
     "compact",
@@ -674,6 +722,7 @@ __all__ = [
     "markdown",
     "mean_std",
     "noise",
+    "recent_summary",
     "summarise",
     "write",
     "write_default_summary",

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .._errors import InputError
+from .memory import model_heads, windows_per_pass
 
 FILLER = 16
 KEYS = 16
@@ -114,9 +115,11 @@ def probes(
 
 
 def correct(model: nn.Module, inputs: torch.Tensor, answers: torch.Tensor, chunk: int = 32) -> int:
-    """How many probes ``(n, length)`` the model answers right (argmax at the last position)."""
+    """How many probes ``(n, length)`` the model answers right (argmax at the last position),
+    run at most ``chunk`` at a time (fewer for long windows: :mod:`posemb.lab.memory`)."""
     model.eval()
     hits = 0
+    chunk = windows_per_pass(inputs.shape[-1], model_heads(model), chunk, inputs.device)
     with torch.no_grad():
         for part, ans in zip(inputs.split(chunk), answers.split(chunk), strict=True):
             hits += int((model(part)[:, -1].argmax(-1) == ans).sum())
@@ -185,33 +188,55 @@ def evaluate_probes(
     seed: int,
     make: Callable[[torch.Tensor, int, torch.Generator, bool], Probes],
     least: int,
+    step: int = 1,
 ) -> dict[str, dict[str, object]]:
     """A probe task's counts at each length (every task's ``evaluate``): ``make(distances
     (n,), length, generator, present)`` gives ``(inputs (n, length), answers (n,))`` with what
     the answer depends on at each distance (``present=False``: left out, the control), and
-    ``least`` is the shortest distance the task can place. The shape of the result and the
-    order of the draws are :func:`evaluate`'s; a :func:`distance_bins` bin wholly below
-    ``least`` is left out."""
+    ``least`` is the shortest distance the task can place; distances are multiples of ``step``
+    (flip-flop places its write an even number of tokens back). The shape of the result and the
+    order of the draws are :func:`evaluate`'s; a :func:`distance_bins` bin holding no such
+    distance is left out."""
     out: dict[str, dict[str, object]] = {}
     for n in lengths:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
-        d = torch.randint(least, n, (count,), generator=gen)
-        x, a = make(d, n, gen, True)
+        x, a = make(_anywhere(least, n, count, step, gen), n, gen, True)
         entry: dict[str, object] = {"anywhere": {"correct": correct(model, x, a), "total": count}}
         per_bin = {}
         for lo, hi in distance_bins(train_len, n):
-            first, last = max(lo + 1, least), min(hi, n - 1)
-            if first > last:
+            d = _distances(max(lo + 1, least), min(hi, n - 1), max(1, count // 2), step, gen)
+            if d is None:
                 continue
-            d = torch.randint(first, last + 1, (max(1, count // 2),), generator=gen)
             x, a = make(d, n, gen, True)
             per_bin[bin_label(lo, hi)] = {"correct": correct(model, x, a), "total": len(d)}
         entry["by_distance"] = per_bin
-        d_ctl = torch.randint(least, n, (max(1, count // 2),), generator=gen)
+        d_ctl = _anywhere(least, n, max(1, count // 2), step, gen)
         x, a = make(d_ctl, n, gen, False)
         entry["control"] = {"correct": correct(model, x, a), "total": len(d_ctl)}
         out[str(n)] = entry
     return out
+
+
+def _distances(
+    first: int, last: int, size: int, step: int, gen: torch.Generator
+) -> torch.Tensor | None:
+    """``size`` distances uniform over the multiples of ``step`` in ``first..last``; None when
+    there is none. With ``step`` 1 it is one ``randint`` over the range, as every task drew
+    before flip-flop needed a step."""
+    if step == 1:
+        return torch.randint(first, last + 1, (size,), generator=gen) if first <= last else None
+    lo, hi = -(-first // step), last // step
+    if lo > hi:
+        return None
+    return torch.randint(lo, hi + 1, (size,), generator=gen) * step
+
+
+def _anywhere(least: int, n: int, size: int, step: int, gen: torch.Generator) -> torch.Tensor:
+    """Distances anywhere in a window of ``n``: :func:`_distances` over ``least..n - 1``."""
+    d = _distances(least, n - 1, size, step, gen)
+    if d is None:
+        raise InputError(f"no probe distance of step {step} in {least}..{n - 1}")
+    return d
 
 
 def binomial_std(p: float, n: int) -> float:

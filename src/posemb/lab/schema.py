@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast, get_args
 
 from .._errors import InputError
 
@@ -61,6 +61,19 @@ class Retrieval(TypedDict):
     by_distance: dict[str, dict[str, Accuracy]]
 
 
+class Probe(TypedDict):
+    """A probe task beside retrieval (``multikey``, ``vartrack``, ``flipflop``): chance, its
+    size fields (:data:`posemb.lab.tasks.PROBE_TASKS`), probes per length and seed, accuracy
+    by variant and length, and by distance from the queried fact to the query (pooled over
+    lengths)."""
+
+    chance: float
+    sizes: dict[str, int]
+    probes: int
+    variants: dict[str, dict[str, RetrievalAt]]
+    by_distance: dict[str, dict[str, Accuracy]]
+
+
 class EntropyAt(TypedDict):
     """Attention entropy at one length: per layer, and the mean over layers."""
 
@@ -87,8 +100,9 @@ class Summary(TypedDict):
     """What :func:`posemb.lab.report.compact` returns and the shipped summary holds.
 
     ``results[variant][str(eval_len)]`` is a :class:`LossAt`; ``config`` is the run's
-    :class:`posemb.lab.config.LabConfig` as a dict; ``retrieval``, ``entropy`` and ``race`` are
-    None for a sweep that did not run them.
+    :class:`posemb.lab.config.LabConfig` as a dict; ``retrieval``, ``multikey``, ``vartrack``,
+    ``flipflop``, ``entropy`` and ``race`` are None for a sweep that did not run them (absent
+    from a summary written before the task existed).
     """
 
     corpus: CorpusInfo
@@ -100,11 +114,15 @@ class Summary(TypedDict):
     results: dict[str, dict[str, LossAt]]
     coincide: list[list[str]]
     retrieval: Retrieval | None
+    multikey: Probe | None
+    vartrack: Probe | None
+    flipflop: Probe | None
     entropy: Entropy | None
     race: dict[str, Any] | None
 
 
 Part = Literal["all", "past"]
+ProbeName = Literal["retrieval", "multikey", "vartrack", "flipflop"]
 
 _CONFIG_KEYS = ("train_len", "eval_lens", "seeds", "layers")
 
@@ -214,6 +232,34 @@ class LabSummary:
         where = [str(n) for r, n in zip(rises, lens, strict=True) if r]
         return bool(far) and all(far), ", ".join(where) or "none"
 
+    def accuracy(self, task: ProbeName, variant: str, n: int) -> Accuracy:
+        """The accuracy of ``variant`` on probe ``task`` with the fact anywhere in an
+        ``n``-token window: mean over seeds, its spread, and the pooled counts.
+
+        Raises:
+            ValueError: ``task`` is not a probe task, or the summary has no such task,
+                variant or length.
+        """
+        results = self._probe(task)
+        at = results["variants"].get(variant, {}).get(str(n))
+        if at is None:
+            raise InputError(f"lab summary: no {task!r} accuracy for {variant!r} at {n}")
+        return at["anywhere"]
+
+    def chance(self, task: ProbeName) -> float:
+        """The chance accuracy of probe ``task`` (one over the answers a guess picks from)."""
+        return float(self._probe(task)["chance"])
+
+    def _probe(self, task: ProbeName) -> Retrieval | Probe:
+        if task not in get_args(ProbeName):
+            raise InputError(
+                f"lab summary: {task!r} is not a probe task; one of {get_args(ProbeName)}"
+            )
+        results = self.data.get(task)
+        if not results:
+            raise InputError(f"lab summary: no {task!r} results; run `posemb lab` with that task")
+        return cast("Retrieval | Probe", results)
+
     def conditions(self) -> str:
         """The run's conditions in one line, for a measured text."""
         cfg = self.data["config"]
@@ -231,6 +277,8 @@ __all__ = [
     "LabSummary",
     "LossAt",
     "Part",
+    "Probe",
+    "ProbeName",
     "Retrieval",
     "RetrievalAt",
     "Stat",

@@ -8,7 +8,9 @@ that removes what the answer depends on (a model reading anything else scores at
 - ``multikey`` (:mod:`posemb.lab.multikey`): two-token needles, one key queried among other
   keys (RULER's multi-key needle in a haystack);
 - ``vartrack`` (:mod:`posemb.lab.vartrack`): a chain of assignments, the value of its last
-  variable queried (RULER's variable tracking).
+  variable queried (RULER's variable tracking);
+- ``flipflop`` (:mod:`posemb.lab.flipflop`): the bit of the last write among ignored bits
+  (flip-flop language modelling; CoPE's selective-copy test).
 
 Each module has the same faces (``VOCAB``, ``CHANCE``, ``training_batch(batch, length, *sizes,
 gen)``, ``evaluate(model, lengths, train_len, *sizes, count, seed)``, ``check_sizes(*sizes,
@@ -23,20 +25,22 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from . import multikey, retrieval, vartrack
+from . import flipflop, multikey, retrieval, vartrack
 
 
 @dataclass(frozen=True)
 class ProbeTask:
     """One probe task: its ``name`` (a ``--tasks`` entry and a job kind), the ``module`` that
     makes and scores its windows, the LabConfig fields giving its sizes (in the order its
-    functions take them) and its training steps, and a line for the report."""
+    functions take them) and its training steps, a line for the report, and its name in
+    prose."""
 
     name: str
     module: ModuleType
     size_fields: tuple[str, ...]
     steps_field: str
     description: str
+    title: str
 
     def sizes(self, cfg: Any) -> tuple[int, ...]:
         """This task's sizes from a :class:`posemb.lab.config.LabConfig`."""
@@ -57,6 +61,7 @@ PROBE_TASKS: dict[str, ProbeTask] = {
             ("retrieval_facts",),
             "retrieval_steps",
             "one-token facts in filler, the query last, its fact at a random depth",
+            "Retrieval",
         ),
         ProbeTask(
             "multikey",
@@ -64,6 +69,7 @@ PROBE_TASKS: dict[str, ProbeTask] = {
             ("multikey_needles",),
             "multikey_steps",
             "two-token needles (key, value) in filler, one key queried among other keys",
+            "Multi-key needle",
         ),
         ProbeTask(
             "vartrack",
@@ -71,6 +77,15 @@ PROBE_TASKS: dict[str, ProbeTask] = {
             ("vartrack_hops", "vartrack_chains"),
             "vartrack_steps",
             "chains of assignments in filler, the value of one chain's last variable queried",
+            "Variable tracking",
+        ),
+        ProbeTask(
+            "flipflop",
+            flipflop,
+            (),
+            "flipflop_steps",
+            "write/ignore/read instructions with a bit each, the last written bit read",
+            "Flip-flop",
         ),
     )
 }

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .memory import model_heads, windows_per_pass
+
 WARMUP_DIVISOR = 20  # warm up over the first 5% of the steps
 FINAL_LR_FRACTION = 0.1  # cosine decay ends at 10% of the peak rate, not 0
 CLIP_NORM = 1.0
@@ -95,9 +97,11 @@ def train(
 
 def per_position_loss(model: nn.Module, w: torch.Tensor, chunk: int = 4) -> torch.Tensor:
     """Next-token loss (nats/token) at each position, averaged over windows ``(n, L + 1)``:
-    shape ``(L,)``. Runs ``chunk`` windows at a time, in eval mode, without gradients."""
+    shape ``(L,)``. Runs at most ``chunk`` windows at a time (fewer for long windows:
+    :mod:`posemb.lab.memory`), in eval mode, without gradients."""
     model.eval()
     losses = []
+    chunk = windows_per_pass(w.shape[-1] - 1, model_heads(model), chunk, w.device)
     with torch.no_grad():
         for part in w.split(chunk):
             inputs, targets = next_token(part)

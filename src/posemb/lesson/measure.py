@@ -141,6 +141,14 @@ def lab_summary() -> LabSummary:
     return LabSummary.of(report.default_summary())
 
 
+def recent_lab_summary() -> LabSummary:
+    """The shipped summary of ``posemb lab --suite recent`` (the encodings of 2024-26 beside
+    RoPE and NoPE, with the multikey and variable-tracking tasks), read."""
+    from ..lab import report
+
+    return LabSummary.of(report.recent_summary())
+
+
 FAR = 4
 """RoPE's loss past the training length is claimed above the loss within it from ``FAR`` x
 the training length on. At 2x the default run's two seeds lose 0.13 and 0.05 nats more past it

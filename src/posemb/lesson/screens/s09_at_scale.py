@@ -7,11 +7,15 @@ Its text, its claims with their checks, and its figures: editing this screen is 
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, cast
 
+from ..._errors import InputError
+from ...lab.schema import Accuracy, LabSummary, ProbeName
+from ...lab.style import look
 from .. import charts, measure
 from ..charts import alt
-from ..registry import Figure, Result, claim, exercise, figure, make_figure, screen
+from ..registry import Control, Figure, Result, claim, exercise, figure, make_figure, screen
 
 SCREEN = screen(
     __name__,
@@ -28,6 +32,11 @@ SCREEN = screen(
         "The figure at the end of this screen is the lesson's parchment: the sinusoidal "
         "harmonics on the left, a learned table trained by posemb's lab on the right, and "
         "the sum that feeds the first layer at the bottom.",
+        "Before it, the designs that models of 2024-26 use instead (NoPE in some layers, "
+        "frequencies cut or learned, positions counted from content, learned distance "
+        "penalties, sinks, a length-aware softmax), trained side by side by the lab: the "
+        "ones whose loss stays flat past the training length are not all the ones that "
+        "still find a fact there.",
     ),
     maths=(
         r"X_{\text{in}} = X_{\text{tok}} + W_{\text{pos}},\quad "
@@ -92,6 +101,69 @@ def _sinusoidal_extrapolation() -> Result:
         f"{', '.join(f'{m:.2f}' for m in past)}; unigram entropy {unigram:.2f} nats/char; "
         f"context kept {', '.join(f'{k:.0%}' for k in kept)} ({lab.conditions()})",
         {"within": within, "past": past, "unigram": unigram, "context_kept": kept},
+    )
+
+
+FLAT = 0.1
+"""A loss past the training length that rises less than this (nats/char) from 2x to 16x is
+flat: two seed spreads of the flattest variants' losses (at most 0.05 between the two seeds of
+the shipped run)."""
+
+
+def _rise(lab: LabSummary, variant: str) -> float:
+    """How much the loss past the training length rises from 2x to the longest window."""
+    lens = lab.past_lens
+    return lab.mean_std(variant, lens[-1], "past")[0] - lab.mean_std(variant, lens[0], "past")[0]
+
+
+def _spread(acc: Accuracy) -> float:
+    """An accuracy's noise: the spread between seeds, or the binomial standard error of its
+    pooled probes where that is larger (two seeds can agree by luck)."""
+    return max(float(acc.get("std") or 0.0), float(acc["se"]))
+
+
+def _difference(lab: LabSummary, a: str, b: str, n: int) -> tuple[float, float]:
+    """(one-token retrieval of ``a`` minus ``b`` at ``n``, two noises of that difference)."""
+    x, y = lab.accuracy("retrieval", a, n), lab.accuracy("retrieval", b, n)
+    return float(x["mean"]) - float(y["mean"]), 2 * math.hypot(_spread(x), _spread(y))
+
+
+@claim(
+    "lab.recent.flat_loss_is_not_retrieval",
+    SCREEN,
+    "Among the encodings of 2024-26, a flat loss past the training length is not retrieval: "
+    "RNoPE-SWA's and KERPLE's losses rise by under 0.1 nats/char from 2x to 16x while RoPE's "
+    "rises by over 1; yet at 16x RNoPE-SWA finds a one-token fact under half the time and no "
+    "more often than RoPE (within noise), while KERPLE finds it more than twice as often as "
+    "RoPE (beyond noise).",
+)
+def _flat_loss_is_not_retrieval() -> Result:
+    lab = measure.recent_lab_summary()
+    n = lab.eval_lens[-1]
+    rise = {v: _rise(lab, v) for v in ("rnope-swa", "kerple", "rope")}
+    acc = {
+        v: float(lab.accuracy("retrieval", v, n)["mean"]) for v in ("rnope-swa", "kerple", "rope")
+    }
+    swa, swa_noise = _difference(lab, "rnope-swa", "rope", n)
+    kerple, kerple_noise = _difference(lab, "kerple", "rope", n)
+    holds = (
+        rise["rnope-swa"] < FLAT
+        and rise["kerple"] < FLAT
+        and rise["rope"] > 1.0
+        and acc["rnope-swa"] < 0.5
+        and swa <= swa_noise
+        and kerple > kerple_noise
+        and acc["kerple"] > 2 * acc["rope"]
+    )
+    return Result(
+        holds,
+        "rise of the loss past the training length from 2x to 16x: "
+        + ", ".join(f"{v} {r:+.2f}" for v, r in rise.items())
+        + f"; one-token retrieval at {n}: "
+        + ", ".join(f"{v} {a:.2f}" for v, a in acc.items())
+        + f" (RNoPE-SWA - RoPE {swa:+.2f}, KERPLE - RoPE {kerple:+.2f}; noise {swa_noise:.2f}, "
+        f"{kerple_noise:.2f}; chance {lab.chance('retrieval'):.3f}; {lab.conditions()})",
+        {"rise": rise, "retrieval": acc, "swa_minus_rope": swa, "kerple_minus_rope": kerple},
     )
 
 
@@ -162,4 +234,131 @@ def _table_parameters() -> str:
     return (
         f"The learned table adds {learned:,} (1,024 x 128), the sinusoidal one {sinusoidal:,}: "
         "it is computed, not learned. RoPE adds none either."
+    )
+
+
+RECENT_MEASURES = {
+    "loss past the training length": "loss",
+    "one-fact retrieval": "retrieval",
+    "multi-key needles": "multikey",
+    "variable tracking": "vartrack",
+    "flip-flop": "flipflop",
+}
+"""The recent-suite figure's measures: the toggle's label and the summary's task."""
+
+RECENT_WINDOWS = ("128", "256", "512", "1024")
+"""The windows the recent-suite figure shows, all past the training length of 64."""
+
+
+def _recent_rows(lab: LabSummary, measure_: str, n: int) -> list[dict[str, object]]:
+    """One row per variant of the recent suite: mean and seed spread of ``measure_`` (a task of
+    :data:`RECENT_MEASURES`) at window ``n``."""
+    rows: list[dict[str, object]] = []
+    for v in lab.variants:
+        if measure_ == "loss":
+            stat = lab.loss(v, n, "past")
+            if stat is None:
+                raise InputError(f"recent lab summary: no loss past the training length at {n}")
+        else:
+            stat = lab.accuracy(cast(ProbeName, measure_), v, n)
+        m, s = float(stat["mean"]), float(stat.get("std") or 0.0)
+        row: dict[str, object] = {"variant": v, "value": charts.rounded(m)}
+        row |= {"lo": charts.rounded(m - s), "hi": charts.rounded(m + s)}
+        # One seed has no spread to show: "± 0.00" would read as certainty.
+        row |= {"label": f"{m:.2f} ± {s:.2f}" if stat["n"] > 1 else f"{m:.2f}"}
+        rows.append(row)
+    return rows
+
+
+def _loss_domain(lab: LabSummary, refs: list[tuple[float, str]]) -> list[float]:
+    """The loss axis: every variant's loss past the training length at every window, with its
+    spread, and the reference lines, on one scale for all windows (so a slider step moves the
+    dots, not the axis)."""
+    values = [v for v, _ in refs]
+    for variant in lab.variants:
+        for n in lab.past_lens:
+            m, s = lab.mean_std(variant, n, "past")
+            values += [m - s, m + s]
+    return [math.floor(min(values) * 10) / 10, math.ceil(max(values) * 10) / 10]
+
+
+def _recent_chart(
+    lab: LabSummary, measure_: str, x_title: str, refs: list[tuple[float, str]]
+) -> alt.TopLevelMixin:
+    """Dots of each variant's mean with its seed spread as a bar, and labelled reference
+    lines; the variants keep the lab's order and look (:mod:`posemb.lab.style`)."""
+    variants = lab.variants
+    scale = alt.Scale(domain=variants, range=[look(v).colour for v in variants])
+    domain = [0.0, 1.0] if measure_ != "loss" else _loss_domain(lab, refs)
+    x = alt.X("value:Q", title=x_title, scale=alt.Scale(domain=domain, clamp=True))
+    y = alt.Y("variant:N", title=None, sort=variants)
+    base = alt.Chart().encode(y=y)
+    spread = base.mark_rule(aria=False, strokeWidth=3).encode(
+        x=alt.X("lo:Q", scale=alt.Scale(domain=domain, clamp=True)),
+        x2="hi:Q",
+        color=alt.Color("variant:N", scale=scale, legend=None),
+    )
+    dots = base.mark_point(aria=False, filled=True, opacity=1, size=90).encode(
+        x=x,
+        color=alt.Color("variant:N", scale=scale, legend=None),
+        tooltip=["variant:N", alt.Tooltip("label:N", title="mean ± std over seeds")],
+    )
+    values = base.mark_text(aria=False, align="left", dx=10, dy=-9, fontSize=11).encode(
+        x="value:Q", text="label:N"
+    )
+    marks = alt.Chart(charts.inline_data([{"x": v, "label": t} for v, t in refs]))
+    rules = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+        x="x:Q", tooltip=["label:N", "x:Q"]
+    )
+    rule_labels = marks.mark_text(
+        aria=False, align="left", baseline="top", dx=3, y=-14, color="gray", fontSize=11
+    ).encode(x="x:Q", text="label:N")
+    layers = alt.layer(spread, dots, values, data=charts.rows_source()) + rules + rule_labels
+    return layers.properties(width=charts.WIDE - 220, height=26 * len(variants))
+
+
+@figure("fig-lab-recent")
+def fig_lab_recent(summary: dict[str, Any]) -> Figure:
+    """The recent suite (2024-26 encodings beside RoPE and NoPE) at one window past the
+    training length: loss, or accuracy on one of the three probe tasks, mean and seed spread.
+
+    ``summary`` (the default run's) is not what it draws: it reads the recent suite's shipped
+    summary (:func:`posemb.lab.report.recent_summary`)."""
+    lab = measure.recent_lab_summary()
+    cfg, train = lab.data["config"], lab.train_len
+    within, _ = lab.mean_std("rope", train, "all")
+    designs = [v for v in lab.variants if v not in ("rope", "nope")]
+
+    def draw(which: str, window: str) -> tuple[object, str]:
+        task, n = RECENT_MEASURES[which], int(window)
+        rows = _recent_rows(lab, task, n)
+        if task == "loss":
+            refs = [(lab.unigram, "unigram"), (within, f"RoPE within {train}")]
+            title = f"loss past position {train} in a {n}-token window (nats/char)"
+        else:
+            refs = [(lab.chance(cast(ProbeName, task)), "chance")]
+            title = f"{which} accuracy in a {n}-token window"
+        chart = _recent_chart(lab, task, title, refs)
+        shown = "; ".join(f"{r['variant']} {r['label']}" for r in rows)
+        return charts.spec(chart, rows), f"{which} at {n} tokens (trained at {train}): {shown}"
+
+    return make_figure(
+        "fig-lab-recent",
+        SCREEN,
+        "The encodings of 2024-26 past the training length",
+        f"posemb lab --suite recent: RoPE, NoPE and {len(designs)} designs of 2024-26 "
+        f"({', '.join(designs)}), each trained at {train} tokens and measured in longer "
+        "windows. Dots: mean over "
+        f"{len(cfg['seeds'])} seeds; bars: one standard deviation between seeds. Holding the "
+        "loss and holding a fact are different things: compare the toggles.",
+        "posemb.lab.report.recent_summary()",
+        "Dots per encoding, one row each, on a horizontal scale of loss or accuracy, with the "
+        "seed spread as a bar and dashed reference lines (chance, or the unigram entropy and "
+        "RoPE's loss within its training length).",
+        kind="vega",
+        draw=draw,
+        controls=[
+            Control("fig-lab-recent-measure", "measure", "toggle", tuple(RECENT_MEASURES), 0),
+            Control("fig-lab-recent-window", "window", "slider", RECENT_WINDOWS, 3),
+        ],
     )
