@@ -258,7 +258,7 @@ class LabSummary:
         results = self.data.get(task)
         if not results:
             raise InputError(f"lab summary: no {task!r} results; run `posemb lab` with that task")
-        return cast("Retrieval | Probe", results)
+        return results
 
     def conditions(self) -> str:
         """The run's conditions in one line, for a measured text."""
