@@ -581,3 +581,26 @@ def test_xpos_rerotate_blames_itself_not_a_source_nobody_passed():
     k, p = torch.randn(1, 1, 3, 16), torch.arange(3)
     with pytest.raises(ValueError, match="XPos keys carry a position-dependent scale; they"):
         posemb.XPos(16).rerotate(k, p, p)
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [[[700]], [5, 6, 7, 8], [[3, 4, 5]], [9, 7, 8], [[1, 2], [2, 3]], [0, 2_000_000_000]],
+    ids=["decode", "run", "run-batch1", "unordered", "batch2", "far-gap"],
+)
+def test_explicit_positions_rotate_as_their_own_tables_say(positions):
+    # A decode step's consecutive positions take a slice of the cached table (a view), other
+    # sets a gather or a direct computation; every way must equal cos_sin at those positions.
+    rope = posemb.RotaryEmbedding(16)
+    pos = torch.tensor(positions)
+    batch = pos.shape[0] if pos.dim() == 2 else 1
+    q = torch.randn(batch, 3, pos.shape[-1], 16, dtype=torch.float64)
+    k = torch.randn(batch, 1, pos.shape[-1], 16, dtype=torch.float64)
+    got_q, got_k = rope(q, k, pos)
+    cos, sin = rope.cos_sin(pos, dtype=torch.float64)
+    want_q, want_k = posemb.kernels.rotate(q, k, cos, sin, backend="reference")
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=1e-12)
+    # The cached table is read, never written: a second call gives the same.
+    again_q, _ = rope(q, k, pos)
+    torch.testing.assert_close(again_q, got_q, rtol=0, atol=0)
