@@ -95,23 +95,29 @@ def _merged(series: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     return out
 
 
+def _accuracy_by_length(ax: Any, task: dict, lens: list[int], spread: str) -> None:
+    """A probe task's accuracy with the fact anywhere, by window length, one line per variant
+    (equal lines drawn once), with bars of ``spread`` ("se" or "std"; none drawn as 0)."""
+    points = {
+        v: [
+            (n, p[str(n)]["anywhere"]["mean"], p[str(n)]["anywhere"][spread] or 0.0)
+            for n in lens
+            if str(n) in p
+        ]
+        for v, p in task["variants"].items()
+    }
+    for variant, (label, pts) in _merged(points).items():
+        xs, ys, err = zip(*pts, strict=True)
+        ax.errorbar(xs, ys, yerr=err, **_style(variant), capsize=2, label=label)
+
+
 def plot_retrieval(summary: dict, out: str, plt: Any) -> list[str]:
     r = summary.get("retrieval")
     if not r:
         return []
     lens, train = summary["config"]["eval_lens"], summary["config"]["train_len"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    anywhere = {
-        v: [
-            (n, p[str(n)]["anywhere"]["mean"], p[str(n)]["anywhere"]["se"])
-            for n in lens
-            if str(n) in p
-        ]
-        for v, p in r["variants"].items()
-    }
-    for variant, (label, points) in _merged(anywhere).items():
-        xs, ys, err = zip(*points, strict=True)
-        ax.errorbar(xs, ys, yerr=err, **_style(variant), capsize=2, label=label)
+    _accuracy_by_length(ax, r, lens, "se")
     bins = list(next(iter(r["by_distance"].values())))
     by_distance = {
         v: [(j, p[b]["correct"] / p[b]["total"]) for j, b in enumerate(bins) if b in p]
@@ -161,17 +167,7 @@ def plot_probes(summary: dict, out: str, plt: Any) -> list[str]:
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         r = summary[task]
-        points = {
-            v: [
-                (n, p[str(n)]["anywhere"]["mean"], p[str(n)]["anywhere"][spread] or 0.0)
-                for n in lens
-                if str(n) in p
-            ]
-            for v, p in r["variants"].items()
-        }
-        for variant, (label, pts) in _merged(points).items():
-            xs, ys, err = zip(*pts, strict=True)
-            ax.errorbar(xs, ys, yerr=err, **_style(variant), capsize=2, label=label)
+        _accuracy_by_length(ax, r, lens, spread)
         ax.axhline(r["chance"], color="grey", ls=":", label="chance")
         ax.set_ylim(0, 1.02)
         ax.set_xscale("log", base=2)

@@ -458,7 +458,7 @@ def default_summary() -> Summary:
 def recent_summary() -> Summary:
     """The shipped :func:`compact` summary of ``posemb lab --suite recent``
     (``docs/lab/recent/results.json``): the 2024-26 encodings beside RoPE and NoPE, with the
-    multikey and variable-tracking tasks."""
+    multikey, variable-tracking and flip-flop tasks."""
     return _shipped(RECENT_SUMMARY)
 
 

@@ -143,7 +143,7 @@ def lab_summary() -> LabSummary:
 
 def recent_lab_summary() -> LabSummary:
     """The shipped summary of ``posemb lab --suite recent`` (the encodings of 2024-26 beside
-    RoPE and NoPE, with the multikey and variable-tracking tasks), read."""
+    RoPE and NoPE, with the multikey, variable-tracking and flip-flop tasks), read."""
     from ..lab import report
 
     return LabSummary.of(report.recent_summary())
