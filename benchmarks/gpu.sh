@@ -40,3 +40,8 @@ timeout 100 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 
 # GPUs train, forward and forward+backward, with the rotation's share of each step.
 timeout 60 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$OUT/bench-hf-gpu.csv" \
     2>&1 | tee "$OUT/bench-hf-gpu.txt"
+
+# 4. Decode: one token per step at Llama 3.1 8B's attention shapes, batch 1 and 8, posemb's
+# module, kernels.rotate and the fused patch against transformers, per layer and per step.
+timeout 60 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
+    --out "$OUT/bench-decode-gpu.csv" 2>&1 | tee "$OUT/bench-decode-gpu.txt"

@@ -32,10 +32,6 @@ def test_quick_bench_writes_long_format_csv_and_json(tmp_path, capsys):
         eager = by[(dtype, "forward", "transformers eager")]
         want = float(eager["median_ms"]) / float(fused["median_ms"])
         assert float(fused["vs_hf_eager"]) == pytest.approx(want, rel=1e-9)
-    # The decode-step rows: a 32-layer step per method, against transformers in the same run.
-    steps = [r for r in rows if r["shape_name"].startswith("decode-32L")]
-    assert {r["method"] for r in steps} >= {"posemb module, shared", "transformers eager"}
-    assert all(r["vs_hf_eager"] for r in steps)
     assert "torch.compile reference" in methods
     for key in ("torch", "posemb", "device", "threads", "timestamp", "first_call_ms", "gbps",
                 "python", "arch", "rotary_embedding_torch", "cpu_op"):  # fmt: skip

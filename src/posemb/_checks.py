@@ -15,19 +15,28 @@ from ._errors import InputError
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+# Bound once: a decode step asks tracing() once per layer, and inside a model each lookup is
+# taken with cold caches (attribute chains there cost more than the checks themselves).
+_is_compiling = torch.compiler.is_compiling
+_is_exporting = torch.compiler.is_exporting
+_functorch_level = torch._C._functorch.maybe_current_level
+_dispatch_mode = torch._C._get_dispatch_mode
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+_PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+
+
 def tracing() -> bool:
     """Whether torch is tracing this call (``torch.compile``, ``torch.export`` in either mode,
     any ``FakeTensorMode``, or a ``torch.func`` transform such as vmap or jacrev): what is
     computed now is not a real tensor, or not one to keep.
     """
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if _is_compiling() or _is_exporting():
         return True
-    if torch._C._functorch.maybe_current_level() is not None:
+    if _functorch_level() is not None:
         return True  # a batched or grad-tracking wrapper has no storage to read or keep
     # The active dispatch modes, read directly: ~0.4 us, where torch._guards.detect_fake_mode
     # takes ~15 us, too much for a decode step that asks once per layer.
-    get, keys = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey
-    return get(keys.FAKE) is not None or get(keys.PROXY) is not None
+    return _dispatch_mode(_FAKE_MODE) is not None or _dispatch_mode(_PROXY_MODE) is not None
 
 
 def positive_int(name: str, value: object) -> int:

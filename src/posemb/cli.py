@@ -205,10 +205,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         check_output_file(args.out, "--out", hf_bench.is_bench_csv, force=args.force)
     one_off: dict[str, float] = {}
-    if args.hf:
-        if args.shapes:
-            raise InputError("--shapes names kernel shapes; --hf times a fixed Llama setup")
-        rows: list = hf_bench.run(
+    if args.hf and args.decode:
+        raise InputError("--hf and --decode are two benches: pass one")
+    if (args.hf or args.decode) and args.shapes:
+        raise InputError("--shapes names kernel shapes; --hf and --decode time fixed setups")
+    if args.decode:
+        from .bench import decode as decode_bench
+
+        rows: list = decode_bench.run(
+            device=args.device,
+            quick=args.quick,
+            repeats=args.repeats,
+            dtype=args.dtype or "fp32",
+            progress=None if args.json else progress,
+        )
+    elif args.hf:
+        rows = hf_bench.run(
             device=args.device,
             quick=args.quick,
             repeats=args.repeats,
@@ -232,7 +244,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         print(json.dumps({"one_off": one_off, "rows": [asdict(r) for r in rows]}, indent=2))
     else:
-        print(hf_bench.summary(rows) if args.hf else bench.summary(rows, one_off))
+        if args.decode:
+            print(decode_bench.summary(rows))
+        else:
+            print(hf_bench.summary(rows) if args.hf else bench.summary(rows, one_off))
         if args.out:
             print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -520,7 +535,16 @@ def _add_bench(sub: Any) -> None:
         "forward+backward, with the rotation's share of each step",
     )
     bench.add_argument(
-        "--dtype", choices=("fp32", "bf16"), help="--hf only: the model's dtype (default fp32)"
+        "--decode",
+        action="store_true",
+        help="instead: one token per step at Llama 3.1 8B's attention shapes, batch 1 and 8: "
+        "one layer's rotation, a 32-layer step and a small model's decode step, each against "
+        "transformers in the same run (paired ratios)",
+    )
+    bench.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        help="--hf and --decode only: the model's and tensors' dtype (default fp32)",
     )
     bench.add_argument(
         "--out",

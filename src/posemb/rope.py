@@ -28,6 +28,7 @@ from . import _checks, kernels
 from . import scaling as _scaling
 from ._errors import InputError
 from .freqs import angles, cos_sin
+from .kernels import fast as _fast
 from .kernels.layout import Layout, as_layout, pairs, unpairs
 from .kernels.reference import apply_rope  # noqa: F401  (public here as posemb.rope.apply_rope)
 
@@ -156,11 +157,13 @@ class RotaryEmbedding(nn.Module):
         self._tables: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
         self.table_builds = 0
         """How many float64 tables this module has formed (tests count them)."""
+        self._fast_signature: _fast.Signature | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # The tables are a cache (up to 64 MiB each): a pickle or deep copy forms its own.
         state = super().__getstate__()
         state["_tables"] = collections.OrderedDict()
+        state["_fast_signature"] = None
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -170,6 +173,7 @@ class RotaryEmbedding(nn.Module):
             if name in state:
                 state["_" + name] = state.pop(name)
         state["_tables"] = collections.OrderedDict()
+        state["_fast_signature"] = None
         super().__setstate__(state)
 
     # What the tables depend on is checked when it is set, and is in every table's key: a
@@ -289,19 +293,28 @@ class RotaryEmbedding(nn.Module):
                 return self._cos_sin(pos, compute, x.device, seq)
             both = self._table(seq, seq, x.device, compute)
             return both[0, :seq], both[1, :seq]
-        if _checks.tracing() or not pos.numel():
+        table = self._explicit_table(pos, x)
+        if table is None:
             return self.cos_sin(pos, dtype=compute, device=x.device)
-        # Explicit positions: one host sync for the range they span; far or negative positions
-        # are computed directly rather than growing a table to reach them.
+        both = table[:, pos]  # one gather for both
+        return both[0], both[1]
+
+    def _explicit_table(self, pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """The cached ``(2, rows, r/2)`` cos/sin stack explicit positions ``pos`` (on x's
+        device) gather from, in x's compute dtype; None where they are formed directly instead:
+        while tracing, for no positions, and for negative or far ones (rather than growing a
+        table to reach them) or a scaling whose tables depend on the call."""
+        if _checks.tracing() or not pos.numel():
+            return None
+        # One host sync for the range the positions span.
         if pos.numel() <= 64 and pos.device.type == "cpu":  # a decode step: one small copy
             values = pos.flatten().tolist()
             lo, hi = min(values), max(values)
         else:
             lo, hi = (int(v) for v in torch.aminmax(pos))
         if lo < 0 or hi >= CACHE_ROWS or not self.scaling.reuses_tables(hi + 1):
-            return self._cos_sin(pos, compute, x.device, hi + 1)
-        both = self._table(hi + 1, hi + 1, x.device, compute)[:, pos]  # one gather for both
-        return both[0], both[1]
+            return None
+        return self._table(hi + 1, hi + 1, x.device, _checks.compute_dtype(x))
 
     def _positions(
         self, x: torch.Tensor, positions: object, name: str = "positions"
@@ -342,6 +355,11 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(q, k)`` rotated, each with its input's shape and dtype.
         """
+        signature = self._decode_signature(q, k, positions, inplace)
+        if signature is not None and signature[0] == self._fast_signature:
+            hit = _fast.TABLES.get(signature[1])
+            if hit is not None:  # a call shaped like this one passed every check below
+                return _fast.rotate_cpu(q, k, *hit, self.layout is Layout.INTERLEAVED)
         q = self._check("q", q)
         k = self._check("k", k)
         if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
@@ -351,9 +369,47 @@ class RotaryEmbedding(nn.Module):
             )
         pos = self._positions(q, positions)
         cos, sin = self._call_tables(positions, pos, q.shape[2], q)
-        return kernels.rotate(
-            q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
+        if signature is None:
+            return kernels.rotate(
+                q, k, cos, sin, layout=self.layout, backend=self.backend, inplace=inplace
+            )
+        cos, sin = _fast.op_table(cos), _fast.op_table(sin)
+        out = kernels.rotate(q, k, cos, sin, layout=self.layout)
+        if _fast.known_rotate(_fast.rotate_signature(q, k, cos, sin, self.layout)):
+            self._fast_signature = signature[0]  # kernels.rotate took the op: all checks held
+            _fast.TABLES.put(signature[1], cos, sin)
+        return out
+
+    def _decode_signature(
+        self, q: object, k: object, positions: object, inplace: bool
+    ) -> tuple[_fast.Signature, _fast.Signature] | None:
+        """What :meth:`forward`'s checks read of a call, and what its tables depend on; None
+        where the fast path (:mod:`posemb.kernels.fast`) does not apply."""
+        if (
+            inplace
+            or self.backend != "auto"
+            or type(positions) is not torch.Tensor
+            or type(self) is not RotaryEmbedding  # a subclass may form its tables otherwise
+            or not _fast.plain(q, k)
+        ):
+            return None
+        assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+        if q.dtype not in kernels.cpu.DTYPES:  # float64 rotates by float64 tables
+            return None
+        values = _fast.position_values(positions)
+        if values is None:
+            return None
+        checked = (
+            _fast.tensor_signature(q),
+            _fast.tensor_signature(k),
+            positions.shape,
+            positions.dtype,
+            self.head_dim,
+            self.layout,
+            torch.is_grad_enabled(),
         )
+        tables = (self._scaling, self._base, self._rotary_dim, positions.shape, values)
+        return checked, tables
 
     def schedule(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         """The inverse frequencies ``(rotary_dim / 2,)`` (float64, CPU) and attention factor

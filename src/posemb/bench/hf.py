@@ -386,9 +386,12 @@ def is_bench_csv(data: bytes) -> bool:
     first = data.split(b"\n", 1)[0].rstrip(b"\r")
     # Each kind's header now, and before the machine's columns (for --hf, with cpu_op and
     # triton) were added at its end.
+    from .decode import DecodeRow
+
     added: dict[type, tuple[str, ...]] = {
         Row: MACHINE_FIELDS,
         HFRow: (*MACHINE_FIELDS, "cpu_op", "triton"),
+        DecodeRow: (),
     }
     headers = set()
     for cls, new in added.items():

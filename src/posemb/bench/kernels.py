@@ -354,88 +354,8 @@ def run(
     for shape_name in names:
         for dtype_name in DTYPES:
             rows += _measure(shape_name, table[shape_name], dtype_name, dev, reps, meta, progress)
-    if "decode" in names:
-        for batch in (1, 8) if quick else (1, 64):
-            rows += _decode_step(batch, dev, reps, meta, progress)
     _ratios(rows)
     return rows, one_off
-
-
-LAYERS = 32
-
-
-def _decode_step(
-    batch: int,
-    dev: torch.device,
-    reps: int,
-    meta: dict[str, Any],
-    progress: Callable[[str], None] | None,
-) -> list[Row]:
-    """Per-call overhead of one decode step of a 32-layer Llama-shaped model: one token at
-    position 1000 (a KV-cache step), 32 q heads and 8 kv heads of 128, fp32, no grad.
-
-    transformers computes its cos/sin once per step (``LlamaRotaryEmbedding``) and each layer
-    applies them (``apply_rotary_pos_emb``); posemb is measured as a module called by every
-    layer (shared, and one module per layer) and as tables once plus a rotation per layer.
-    """
-    q = torch.randn(batch, 32, 1, 128, device=dev)
-    k = torch.randn(batch, 8, 1, 128, device=dev)
-    pos = torch.full((batch, 1), 1000, device=dev)
-    shared = RotaryEmbedding(128)
-    per_layer = [RotaryEmbedding(128) for _ in range(LAYERS)]
-    methods: dict[str, Callable[[], object]] = {
-        "posemb module, shared": lambda: [shared(q, k, pos) for _ in range(LAYERS)],
-        "posemb module per layer": lambda: [m(q, k, pos) for m in per_layer],
-    }
-
-    def tables_once() -> object:
-        cos, sin = shared.cos_sin(pos, device=dev)
-        return [kernels.rotate(q, k, cos, sin) for _ in range(LAYERS)]
-
-    methods["posemb tables once"] = tables_once
-    try:
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import (
-            LlamaRotaryEmbedding,
-            apply_rotary_pos_emb,
-        )
-
-        config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8)
-        hf_rope = LlamaRotaryEmbedding(config).to(dev)
-
-        def hf_step() -> object:
-            cos, sin = hf_rope(q, pos)
-            return [apply_rotary_pos_emb(q, k, cos, sin) for _ in range(LAYERS)]
-
-        methods["transformers eager"] = hf_step
-    except ImportError:
-        pass
-    rows = []
-    for method, fn in methods.items():
-        with torch.no_grad():
-            first, times = _time(fn, dev, max(reps, 20))
-        med = statistics.median(times)
-        qs = statistics.quantiles(times, n=5)
-        rows.append(
-            Row(
-                f"decode-{LAYERS}L-b{batch}",
-                f"{LAYERS}x" + "x".join(map(str, q.shape)),
-                "fp32",
-                "forward",
-                method,
-                med,
-                qs[0],
-                qs[-1],
-                None,
-                None,
-                None,
-                first,
-                **meta,
-            )
-        )
-        if progress:
-            progress(f"decode {LAYERS} layers, batch {batch}: {method:28} {med:9.3f} ms")
-    return rows
 
 
 def _row(

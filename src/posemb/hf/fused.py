@@ -72,13 +72,21 @@ def fused_rotation(
             return qr.transpose(1, 2), kr.transpose(1, 2)
         if unsqueeze_dim != 1:
             raise InputError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+        # Every layer of a step gets the same two tensors: their op-ready halves are cut
+        # once per step, not once per layer.
+        out = derived(q, k, cos, sin)
+        if out is not None:
+            return out
+        return kernels.rotate(q, k, cut(cos), cut(sin), layout=layout)
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
         if halved_tables:
-            c, s = cos, sin
-        elif layout is Layout.HALF:
-            c, s = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
-        else:
-            c, s = cos[..., ::2], sin[..., ::2]
-        return kernels.rotate(q, k, c, s, layout=layout)
+            return t
+        if layout is Layout.HALF:
+            return t[..., : t.shape[-1] // 2]
+        return t[..., ::2]
+
+    derived = kernels.fast.DerivedRotation(cut, layout is Layout.INTERLEAVED)
 
     apply_rotary_pos_emb.__doc__ = f"posemb's fused rotation ({layout.value} pairs)."
     return apply_rotary_pos_emb

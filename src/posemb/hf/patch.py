@@ -71,6 +71,8 @@ class HFRotaryEmbedding(nn.Module):
                         f"layer type {lt!r} cannot name a submodule: it must be non-empty and "
                         f"contain no '.'"
                     )
+        self._forms: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._decode: tuple | None = None
         self.ropes = nn.ModuleDict(
             {(k.layer_type or _EVERY_LAYER): _module(k.spec) for k in kinds if k.spec is not None}
         )
@@ -99,6 +101,9 @@ class HFRotaryEmbedding(nn.Module):
         Returns:
             The replaced module's tables (see the class docstring).
         """
+        hit = self._decode_hit(x, position_ids, layer_type)
+        if hit is not None:
+            return hit
         _checks.float_tensor("x", x)
         key, spec = self._spec(layer_type)
         # float32 tables cast to x's dtype round exactly as transformers' do; a float64 caller
@@ -118,9 +123,17 @@ class HFRotaryEmbedding(nn.Module):
                 dtype=compute,
             )
         else:
-            pos = _checks.positions(position_ids, max_dim=2, name="position_ids")
+            pos = _checks.positions(position_ids, max_dim=2, name="position_ids").to(x.device)
             rope = self.ropes[key]
             assert isinstance(rope, RotaryEmbedding)
+            table = rope._explicit_table(pos, x) if self.tables != "complex" else None
+            if table is not None:
+                # One gather from the cached table already in the family's form: a decode
+                # step's tables took 120 us formed from the angles, twice transformers' 55 us.
+                formed = self._in_form(key, table, compute if self.float32_tables else x.dtype)
+                self._remember(x, position_ids, layer_type, rope, formed)
+                both = formed[:, pos]
+                return both[0], both[1]
             cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
         if self.tables == "complex":
             return torch.complex(cos.float(), sin.float())
@@ -130,6 +143,81 @@ class HFRotaryEmbedding(nn.Module):
         if self.tables == "interleaved":
             return cos.repeat_interleave(2, -1).to(out), sin.repeat_interleave(2, -1).to(out)
         return torch.cat((cos, cos), -1).to(out), torch.cat((sin, sin), -1).to(out)
+
+    def _in_form(self, rope_key: str, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A module's cached ``(2, rows, r/2)`` cos/sin stack in this family's form and
+        ``dtype``, kept while the module keeps that stack (held here, so its identity is
+        never another's)."""
+        key = (rope_key, table.device, dtype)
+        hit = self._forms.get(key)
+        if hit is not None and hit[0] is table:
+            return hit[1]
+        if self.tables == "half_width":
+            formed = table.to(dtype)
+        elif self.tables == "interleaved":
+            formed = table.repeat_interleave(2, -1).to(dtype)
+        else:
+            formed = torch.cat((table, table), -1).to(dtype)
+        if not _checks.tracing():
+            self._forms[key] = (table, formed)
+        return formed
+
+    def _decode_hit(
+        self, x: object, position_ids: object, layer_type: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A decode step's tables gathered from the table the last call formed, where that call
+        was shaped as this one and passed every check; None otherwise.
+
+        A model calls this once per step before its layers, with caches cold from the layers
+        before: there each Python step counts, and the full path's ~60 cost 120-140 us where
+        transformers' module took 88 us (a 2-layer Llama decoding, 2 threads).
+        """
+        memo = self._decode
+        if (
+            memo is None
+            or type(x) is not torch.Tensor
+            or type(position_ids) is not torch.Tensor
+            or memo[0] != (layer_type, x.dtype, x.is_cpu, position_ids.dtype, position_ids.dim())
+            or not position_ids.is_cpu
+            or position_ids.numel() > 64
+            or _checks.tracing()
+        ):
+            return None
+        _, rope, scaling, base, rotary_dim, formed = memo
+        if rope._scaling is not scaling or rope._base != base or rope._rotary_dim != rotary_dim:
+            return None  # the module was changed since: the full path forms its tables
+        values = position_ids.flatten().tolist()
+        if not values or min(values) < 0 or max(values) >= formed.shape[1]:
+            return None
+        both = formed[:, position_ids]
+        return both[0], both[1]
+
+    def _remember(
+        self, x: torch.Tensor, position_ids: object, layer_type: str | None,
+        rope: RotaryEmbedding, formed: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Keep what :meth:`_decode_hit` needs after a call that passed every check."""
+        if (
+            type(x) is torch.Tensor
+            and type(position_ids) is torch.Tensor
+            and x.is_cpu
+            and position_ids.is_cpu
+            and position_ids.dtype in (torch.int32, torch.int64)
+            and not rope.scaling.depends_on_length  # then any row of the table serves
+            and not _checks.tracing()
+        ):
+            sig = (layer_type, x.dtype, x.is_cpu, position_ids.dtype, position_ids.dim())
+            self._decode = (sig, rope, rope._scaling, rope._base, rope._rotary_dim, formed)
+
+    def __getstate__(self) -> dict[str, object]:
+        state = super().__getstate__()
+        state["_forms"], state["_decode"] = {}, None  # caches: a copy forms its own
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        state.setdefault("_forms", {})
+        state.setdefault("_decode", None)
+        super().__setstate__(state)
 
 
 def _module(spec: RopeSpec) -> RotaryEmbedding:

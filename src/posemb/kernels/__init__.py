@@ -32,6 +32,7 @@ from torch.autograd import forward_ad as _forward_ad
 from .. import _checks, _extras, _renamed
 from .._errors import BackendUnavailable, InputError
 from . import cpu as _cpu
+from . import fast as _fast
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
 from . import overlap as _overlap
 from . import reference
@@ -333,6 +334,14 @@ def rotate(
     Returns:
         ``(q, k)`` rotated, dtypes kept.
     """
+    signature = None
+    if backend == "auto" and not inplace and k_cos is None and k_sin is None and _fast.plain(q, k):
+        signature = _fast.rotate_signature(q, k, cos, sin, layout)
+        if _fast.known_rotate(signature):  # every check below has passed for this signature
+            lay = as_layout(layout)
+            return _fast.rotate_cpu(
+                q, k, _fast.op_table(cos), _fast.op_table(sin), lay is Layout.INTERLEAVED
+            )
     q, k = _check_pair(q, k, varlen=False)
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
@@ -345,6 +354,8 @@ def rotate(
     if which == "reference":
         return _reference_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
     if which == "cpu":
+        if signature is not None:
+            _fast.remember_rotate(signature)
         return _cpu_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
     from . import triton as _tr  # noqa: F401  (registers the Triton ops; ~3 s to import)
 
