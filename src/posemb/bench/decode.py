@@ -13,7 +13,8 @@ position ~1000 of a KV-cache decode, batch 1 and 8:
   times; posemb as one module shared by the layers, as a module per layer, and as the fused
   patch (transformers' tables, posemb's op);
 * ``model``: a small ``LlamaForCausalLM`` (4 layers, width 1024) decoding one token against a
-  256-token cache, eager against ``patch_rotary(model, fused=True)``.
+  256-token cache, eager against ``patch_rotary(model, fused=True)``, with a second eager copy
+  of the same model as a control: its ratio is the noise of the measurement.
 
 Each sample times ``calls`` calls; methods run in rounds, one sample of each per round, and
 ``vs_transformers`` is the median over rounds of (transformers' sample / the method's), so a
@@ -46,6 +47,7 @@ PREFILL = 256
 BATCHES = (1, 8)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 REFERENCE = "transformers"
+CONTROL = "transformers, a second copy"
 
 
 @dataclass
@@ -170,15 +172,17 @@ def _model(
     )  # fmt: skip
     torch.manual_seed(0)
     model_cls: Any = LlamaForCausalLM
-    eager = model_cls(config).to(device, dtype).eval()
-    fused = copy.deepcopy(eager)
+    base = model_cls(config).to(device, dtype).eval()
+    # Every method its own copy of one model, and a second unpatched copy: the spread between
+    # two identical models is the noise a ratio here should be read against.
+    eager, control, fused = (copy.deepcopy(base) for _ in range(3))
     patch_rotary(fused, fused=True)
     prompt = torch.randint(0, 8192, (batch, PREFILL), device=device)
     token = prompt[:, -1:]
     # transformers 5.24 renamed past_key_values to cache (the old name warns).
     cache_arg = "cache" if "cache" in inspect.signature(eager.forward).parameters else None
     steps = {}
-    for name, model in ((REFERENCE, eager), ("patch_rotary fused", fused)):
+    for name, model in ((REFERENCE, eager), (CONTROL, control), ("patch_rotary fused", fused)):
         cache = DynamicCache(config=config)
         with torch.no_grad():
             model(prompt, use_cache=True, **{cache_arg or "past_key_values": cache})
@@ -216,7 +220,7 @@ def run(
     Args:
         device: "cpu" or "cuda".
         quick: small shapes, 3 rounds: proves the harness works (CI), measures nothing.
-        repeats: rounds per part (default 200 for ``layer``, 60 for ``step``, 30 for ``model``).
+        repeats: rounds per part (default 200 for ``layer``, 60 for ``step``, 40 for ``model``).
         dtype: "fp32" or "bf16", of q, k and the model.
         progress: called with a line per measurement.
     """
@@ -245,7 +249,7 @@ def run(
         parts = {
             "layer": (_layer(q, k, pos), LAYERS, 200),
             "step": (_step(q, k), 1, 60),
-            "model": (_model(batch, DTYPES[dtype], dev, quick), 1, 30),
+            "model": (_model(batch, DTYPES[dtype], dev, quick), 1, 40),
         }
         for part, (methods, calls, default) in parts.items():
             reps = repeats or (3 if quick else default)
