@@ -34,6 +34,7 @@ from .._errors import BackendUnavailable, InputError
 from . import cpu as _cpu
 from . import fast as _fast
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
+from .norm import norm_rotate
 from . import overlap as _overlap
 from . import reference
 from .layout import Layout, as_layout
@@ -520,6 +521,7 @@ def rotate_cached(
 __all__ = [
     "BACKENDS",
     "Layout",
+    "norm_rotate",
     "reference",
     "resolve_backend",
     "rotate",

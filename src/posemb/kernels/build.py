@@ -23,7 +23,7 @@ import sys
 
 CSRC = pathlib.Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "rows_baseline.cpp", "rows_avx2.cpp", "rows_avx512.cpp")
-HEADERS = ("rope.h", "rows.inc")
+HEADERS = ("rope.h", "rows.inc", "norm.inc")
 # The stable ABI's version this library needs at run time (major, minor).
 TARGET = (2, 10)
 LIBRARY = "_C"  # posemb/_C.abi3.so in the wheel

@@ -4,6 +4,9 @@
 //   posemb::rotate_cpu(q, k, cos, sin, k_cos?, k_sin?, interleaved, conjugate) -> (q', k')
 //   posemb::rotate_cpu_(q!, k!, ...) -> ()            the same, in q's and k's own memory
 //   posemb::_rotate_cpu_into(q, k, q_out!, k_out!, ...) -> ()   into given outputs (eager)
+//   posemb::norm_rotate_cpu(q, k, cos, sin, q_weight, k_weight, eps, interleaved) -> (q', k')
+//       RMSNorm of each head (float32 weights, offset applied by the caller) and the rotation
+//       in one pass; norm_rotate_cpu_ in place; norm_rotate_cpu_backward its gradients
 //
 // Fake implementations and autograd are registered from Python (posemb/kernels/ops.py).
 //
@@ -26,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "rope.h"
 
@@ -178,6 +182,20 @@ void check_writable(const Tensor& x, const char* name) {
   }
 }
 
+// Tokens per work unit. A tile's cos and sin rows take <= 64 KB (L2), re-read from there by
+// every head. Measured in place on (4, 32, 2048, 128), 2 threads: rows in (b, t, h) order (tile
+// 1) took 1.6-2.1x the time of x.mul_ in fp32 and 4.1-5.0x in bf16; tiles of 128 tokens 1.0-1.2x
+// and 1.3x.
+int64_t tile_of(int64_t S, int64_t n) {
+  return std::max<int64_t>(1, std::min<int64_t>(S, 8192 / std::max<int64_t>(n, 1)));
+}
+
+// Work units per task: ~16k elements keeps threads busy without oversubscribing small decode
+// calls.
+int64_t grain_of(int64_t D, int64_t tile) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(D * tile, 1));
+}
+
 // Rotate x into out (out may be x) by (cos, sin); both checked.
 void rotate_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
                  bool interleaved, bool conjugate, bool inplace) {
@@ -205,14 +223,9 @@ void rotate_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Te
   a.sign = conjugate ? -1.0f : 1.0f;
   a.copy_tail = !inplace;
   const RowsFn fn = active().rows[dtype_of(x, "x")][interleaved ? 1 : 0];
-  // A tile's cos and sin rows take <= 64 KB (L2), re-read from there by every head. Measured
-  // in place on (4, 32, 2048, 128), 2 threads: rows in (b, t, h) order (tile 1) took 1.6-2.1x
-  // the time of x.mul_ in fp32 and 4.1-5.0x in bf16; tiles of 128 tokens 1.0-1.2x and 1.3x.
-  a.tile = std::max<int64_t>(1, std::min<int64_t>(a.S, 8192 / a.n));
+  a.tile = tile_of(a.S, a.n);
   const int64_t units = a.B * ((a.S + a.tile - 1) / a.tile) * a.H;
-  // ~16k elements per task keeps threads busy without oversubscribing small decode calls.
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(a.D * a.tile, 1));
-  torch::stable::parallel_for(0, units, grain,
+  torch::stable::parallel_for(0, units, grain_of(a.D, a.tile),
                               [&](int64_t begin, int64_t end) { fn(a, begin, end); });
 }
 
@@ -326,6 +339,151 @@ void rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor cos,
               interleaved, conjugate, false);
 }
 
+// --- QK-norm + rotation (norm.inc) ----------------------------------------------------------
+
+void check_weight(const Tensor& w, const Tensor& x, const char* name) {
+  STD_TORCH_CHECK(w.is_cpu() && w.scalar_type() == ScalarType::Float && w.is_contiguous() &&
+                      w.dim() == 1 && w.size(0) == x.size(3),
+                  "posemb::norm_rotate_cpu: ", name, " must be a contiguous float32 CPU tensor "
+                  "of shape (head_dim,) = (", x.size(3), ",)");
+}
+
+void check_norm(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                const Tensor& q_weight, const Tensor& k_weight, double eps) {
+  check_all(q, k, cos, sin, std::nullopt, std::nullopt);
+  check_weight(q_weight, q, "q_weight");
+  check_weight(k_weight, k, "k_weight");
+  STD_TORCH_CHECK(eps > 0.0, "posemb::norm_rotate_cpu: eps must be > 0");
+}
+
+void fill_common(const Tensor& x, const Tensor& cos, int64_t& B, int64_t& H, int64_t& S,
+                 int64_t& D, int64_t& n, int64_t xs[3], int64_t& cos_batch_stride) {
+  B = x.size(0);
+  H = x.size(1);
+  S = x.size(2);
+  D = x.size(3);
+  n = cos.size(2);
+  for (int d = 0; d < 3; ++d) xs[d] = x.stride(d);
+  cos_batch_stride = cos.size(0) == 1 ? 0 : cos.stride(0);
+}
+
+// Normalise and rotate x into out (out may be x).
+void norm_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& w,
+               double eps, const Tensor& out, bool interleaved) {
+  NormArgs a{};
+  fill_common(x, cos, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
+  if (x.numel() == 0) return;
+  a.x = x.const_data_ptr();
+  a.out = out.mutable_data_ptr();
+  a.cos = static_cast<const float*>(cos.const_data_ptr());
+  a.sin = static_cast<const float*>(sin.const_data_ptr());
+  a.w = static_cast<const float*>(w.const_data_ptr());
+  for (int d = 0; d < 3; ++d) a.os[d] = out.stride(d);
+  a.eps = static_cast<float>(eps);
+  a.tile = tile_of(a.S, a.n);
+  const NormFn fn = active().norm[dtype_of(x, "x")][interleaved ? 1 : 0];
+  const int64_t units = a.B * ((a.S + a.tile - 1) / a.tile) * a.H;
+  const int64_t D = a.D;
+  torch::stable::parallel_for(0, units, grain_of(a.D, a.tile), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(static_cast<size_t>(D));
+    fn(a, begin, end, buf.data());
+  });
+}
+
+std::tuple<Tensor, Tensor> norm_rotate_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin,
+                                           Tensor q_weight, Tensor k_weight, double eps,
+                                           bool interleaved) {
+  check_norm(q, k, cos, sin, q_weight, k_weight, eps);
+  Tensor q_out = fresh_like(q);
+  Tensor k_out = fresh_like(k);
+  norm_into(q, cos, sin, q_weight, eps, q_out, interleaved);
+  norm_into(k, cos, sin, k_weight, eps, k_out, interleaved);
+  return {q_out, k_out};
+}
+
+void norm_rotate_cpu_(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weight,
+                      Tensor k_weight, double eps, bool interleaved) {
+  check_norm(q, k, cos, sin, q_weight, k_weight, eps);
+  check_writable(q, "q");
+  check_writable(k, "k");
+  norm_into(q, cos, sin, q_weight, eps, q, interleaved);
+  norm_into(k, cos, sin, k_weight, eps, k, interleaved);
+}
+
+// The gradients of one side: dx (when need_x) and the weight's dw (when need_w), from the
+// incoming g. The weight's gradient sums over every row: each task keeps its own partial sum
+// in float64 (a fixed number of tasks, so the result does not depend on scheduling), summed
+// once at the end.
+void norm_backward_into(const Tensor& g, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                        const Tensor& w, double eps, bool interleaved, Tensor* dx, Tensor* dw) {
+  NormBackwardArgs a{};
+  fill_common(x, cos, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
+  const int64_t D = a.D;
+  if (dw != nullptr) torch::stable::zero_(*dw);
+  if (x.numel() == 0) return;
+  a.x = x.const_data_ptr();
+  a.g = g.const_data_ptr();
+  a.dx = dx != nullptr ? dx->mutable_data_ptr() : nullptr;
+  a.cos = static_cast<const float*>(cos.const_data_ptr());
+  a.sin = static_cast<const float*>(sin.const_data_ptr());
+  a.w = static_cast<const float*>(w.const_data_ptr());
+  for (int d = 0; d < 3; ++d) {
+    a.gs[d] = g.stride(d);
+    a.ds[d] = dx != nullptr ? dx->stride(d) : 0;
+  }
+  a.eps = static_cast<float>(eps);
+  a.tile = tile_of(a.S, a.n);
+  const NormBackwardFn fn = active().norm_backward[dtype_of(x, "x")][interleaved ? 1 : 0];
+  const int64_t units = a.B * ((a.S + a.tile - 1) / a.tile) * a.H;
+  const int64_t tasks = std::min<int64_t>(units, 64);
+  std::vector<double> partial(dw != nullptr ? static_cast<size_t>(tasks * D) : 0, 0.0);
+  torch::stable::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> buf(static_cast<size_t>(2 * D));
+    for (int64_t c = first; c < last; ++c) {
+      double* mine = dw != nullptr ? partial.data() + c * D : nullptr;
+      fn(a, units * c / tasks, units * (c + 1) / tasks, buf.data(), mine);
+    }
+  });
+  if (dw != nullptr) {
+    float* out = static_cast<float*>(dw->mutable_data_ptr());
+    for (int64_t j = 0; j < D; ++j) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < tasks; ++c) sum += partial[c * D + j];
+      out[j] = static_cast<float>(sum);
+    }
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> norm_rotate_cpu_backward(
+    Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weight,
+    Tensor k_weight, double eps, bool interleaved, bool need_q, bool need_k, bool need_q_weight,
+    bool need_k_weight) {
+  check_norm(q, k, cos, sin, q_weight, k_weight, eps);
+  check_x(grad_q, "grad_q");
+  check_x(grad_k, "grad_k");
+  STD_TORCH_CHECK(same_shape(grad_q, q) && grad_q.size(3) == q.size(3) && same_shape(grad_k, k) &&
+                      grad_k.size(3) == k.size(3) && grad_q.scalar_type() == q.scalar_type() &&
+                      grad_k.scalar_type() == k.scalar_type(),
+                  "posemb::norm_rotate_cpu_backward: the gradients must have q's and k's shapes "
+                  "and dtypes");
+  // What is not needed comes back empty (the Python half returns None for it).
+  const auto sized = [](bool need, int64_t n) { return std::vector<int64_t>{need ? n : 0}; };
+  const std::vector<int64_t> none{0};
+  Tensor dq = need_q ? fresh_like(q) : torch::stable::new_empty(q, none);
+  Tensor dk = need_k ? fresh_like(k) : torch::stable::new_empty(k, none);
+  Tensor dqw = torch::stable::new_empty(q_weight, sized(need_q_weight, q.size(3)));
+  Tensor dkw = torch::stable::new_empty(k_weight, sized(need_k_weight, k.size(3)));
+  if (need_q || need_q_weight) {
+    norm_backward_into(grad_q, q, cos, sin, q_weight, eps, interleaved, need_q ? &dq : nullptr,
+                       need_q_weight ? &dqw : nullptr);
+  }
+  if (need_k || need_k_weight) {
+    norm_backward_into(grad_k, k, cos, sin, k_weight, eps, interleaved, need_k ? &dk : nullptr,
+                       need_k_weight ? &dkw : nullptr);
+  }
+  return {dq, dk, dqw, dkw};
+}
+
 }  // namespace
 }  // namespace posemb
 
@@ -339,12 +497,25 @@ STABLE_TORCH_LIBRARY(posemb, m) {
   m.def(
       "_rotate_cpu_into(Tensor q, Tensor k, Tensor(a!) q_out, Tensor(b!) k_out, Tensor cos, "
       "Tensor sin, Tensor? k_cos, Tensor? k_sin, bool interleaved, bool conjugate) -> ()");
+  m.def(
+      "norm_rotate_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weight, "
+      "Tensor k_weight, float eps, bool interleaved) -> (Tensor, Tensor)");
+  m.def(
+      "norm_rotate_cpu_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor q_weight, "
+      "Tensor k_weight, float eps, bool interleaved) -> ()");
+  m.def(
+      "norm_rotate_cpu_backward(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, "
+      "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, bool interleaved, bool need_q, "
+      "bool need_k, bool need_q_weight, bool need_k_weight) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(posemb, CPU, m) {
   m.impl("rotate_cpu", TORCH_BOX(&posemb::rotate_cpu));
   m.impl("rotate_cpu_", TORCH_BOX(&posemb::rotate_cpu_));
   m.impl("_rotate_cpu_into", TORCH_BOX(&posemb::rotate_cpu_into));
+  m.impl("norm_rotate_cpu", TORCH_BOX(&posemb::norm_rotate_cpu));
+  m.impl("norm_rotate_cpu_", TORCH_BOX(&posemb::norm_rotate_cpu_));
+  m.impl("norm_rotate_cpu_backward", TORCH_BOX(&posemb::norm_rotate_cpu_backward));
 }
 
 // Plain C, read through ctypes: which variants exist and may run here, which one runs, and

@@ -9,6 +9,7 @@
 // This header is what the two halves agree on.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace posemb {
@@ -42,10 +43,51 @@ struct f16 {
   uint16_t x;
 };
 
+// QK-norm + rotation (norm.inc): x and out (B, H, S, D) with unit stride in D, out may be x;
+// w the float32 weight (D,) with any offset applied; the tables as in RotateArgs.
+struct NormArgs {
+  const void* x;
+  void* out;
+  const float* cos;
+  const float* sin;
+  const float* w;
+  int64_t B, H, S, D, n;
+  int64_t xs[3];
+  int64_t os[3];
+  int64_t cos_batch_stride;
+  int64_t tile;
+  float eps;
+};
+
+// Its backward: x the forward's input, g the incoming gradient, dx the input's (null: none).
+struct NormBackwardArgs {
+  const void* x;
+  const void* g;
+  void* dx;
+  const float* cos;
+  const float* sin;
+  const float* w;
+  int64_t B, H, S, D, n;
+  int64_t xs[3];
+  int64_t gs[3];
+  int64_t ds[3];
+  int64_t cos_batch_stride;
+  int64_t tile;
+  float eps;
+};
+
+// buf: D floats of scratch (2 D for the backward); dw: D doubles of this task's weight
+// gradient, accumulated into (null: none).
+using NormFn = void (*)(const NormArgs&, int64_t begin, int64_t end, float* buf);
+using NormBackwardFn = void (*)(const NormBackwardArgs&, int64_t begin, int64_t end, float* buf,
+                                double* dw);
+
 // One compiled variant: a row loop per dtype and pairing (index [dtype][interleaved]).
 struct Variant {
   const char* name;
   RowsFn rows[3][2];
+  NormFn norm[3][2];
+  NormBackwardFn norm_backward[3][2];
 };
 
 // Defined in rows_<name>.cpp; only those compiled for this architecture exist.

@@ -1,0 +1,259 @@
+"""kernels.norm_rotate (QK-norm + RoPE in one pass) against its definition: values and gradients
+over dtypes, layouts, partial rotary, GQA, odd shapes and both weight forms; refusals; the ops'
+opcheck, compile and export."""
+
+import pytest
+import torch
+
+import posemb
+from posemb import Layout, kernels
+from posemb.kernels import norm
+from tolerances import TOL, UNIT_ROUNDOFF, assert_close
+
+F64 = torch.float64
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ON_GPU = torch.cuda.is_available()
+BACKENDS = ["reference", "cpu", "triton"]
+# (q shape, kv heads, rotary dim): GQA, one head, partial rotary with an odd-sized tail, one
+# token (decode), a head of 6 channels.
+CASES = [
+    ((2, 4, 37, 64), 2, 64),
+    ((1, 1, 3, 16), 1, 16),
+    ((2, 3, 9, 80), 1, 48),
+    ((3, 2, 1, 128), 2, 128),
+    ((1, 2, 5, 6), 2, 4),
+]
+
+
+def _device(backend):
+    return "cuda" if backend == "triton" and ON_GPU else "cpu"
+
+
+def _inputs(case, dtype, device, per_batch=False, seed=0):
+    (b, h, s, d), kv, rotary = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s, d, generator=g).mul(3).to(device=device, dtype=dtype)
+    k = torch.randn(b, kv, s, d, generator=g).to(device=device, dtype=dtype)
+    pos = torch.randint(0, 1 << 16, (b, s) if per_batch else (s,), generator=g)
+    inv = posemb.inv_freq(rotary, 10000.0, dtype=F64)
+    cos, sin = (t.to(device) for t in posemb.cos_sin(pos, inv))
+    qw = (1 + 0.2 * torch.randn(d, generator=g)).to(device)
+    kw = (1 + 0.2 * torch.randn(d, generator=g)).to(device)
+    return q, k, cos, sin, qw, kw
+
+
+def _want(q, k, cos, sin, qw, kw, eps, offset, layout):
+    wide = (t.to(device="cpu", dtype=F64) for t in (q, k, cos, sin, qw, kw))
+    return norm.reference(*wide, eps, offset, layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])))
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen-w", "gemma-1+w"])
+def test_values_match_the_definition(backend, dtype, layout, case, offset):
+    if backend == "triton" and case[0][2] > 9 and not ON_GPU:
+        case = ((case[0][0], case[0][1], 9, case[0][3]), case[1], case[2])  # the interpreter
+    device = _device(backend)
+    q, k, cos, sin, qw, kw = _inputs(case, dtype, device, per_batch=case[0][0] > 1)
+    got = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, offset, layout=layout, backend=backend)
+    for g, w, x in zip(
+        got, _want(q, k, cos, sin, qw, kw, 1e-6, offset, layout), (q, k), strict=True
+    ):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        assert_close(g.cpu(), w, dtype)
+
+
+def _grads(fn, inputs, cotangents, needs):
+    leaves = [
+        t.detach().clone().requires_grad_(bool(n)) for t, n in zip(inputs, needs, strict=True)
+    ]
+    pairs = [(o, c) for o, c in zip(fn(*leaves), cotangents, strict=True) if o.requires_grad]
+    torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("case", CASES[:3] + CASES[4:], ids=lambda c: "x".join(map(str, c[0])))
+@pytest.mark.parametrize(
+    "needs",
+    [(1, 1, 1, 1), (1, 0, 0, 0), (0, 1, 0, 1), (0, 0, 1, 0)],
+    ids=lambda n: "".join(map(str, n)),
+)
+def test_gradients_match_the_definition(backend, dtype, layout, case, needs):
+    if backend == "triton" and not ON_GPU and (dtype != torch.float32 or needs != (1, 1, 1, 1)):
+        pytest.skip("the interpreter runs each program in Python: one case per shape")
+    device = _device(backend)
+    q, k, cos, sin, qw, kw = _inputs(case, dtype, device, per_batch=True, seed=3)
+    g = torch.Generator().manual_seed(9)
+    gq = torch.randn(q.shape, generator=g).to(device, dtype)
+    gk = torch.randn(k.shape, generator=g).to(device, dtype)
+    offset = 1.0 if needs[0] else 0.0
+
+    def fused(q, k, qw, kw):
+        return kernels.norm_rotate(
+            q, k, cos, sin, qw, kw, 1e-5, offset, layout=layout, backend=backend
+        )
+
+    def definition(q, k, qw, kw):
+        return norm.reference(q, k, cos.double(), sin.double(), qw, kw, 1e-5, offset, layout)
+
+    got = _grads(fused, (q, k, qw, kw), (gq, gk), needs)
+    wide = [t.cpu().double() for t in (q, k, qw, kw)]
+    want = _grads(definition, wide, (gq.cpu().double(), gk.cpu().double()), needs)
+    rows = q.shape[0] * q.shape[2] * (q.shape[1] + k.shape[1])
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if not needs[i]:
+            assert a is None
+            continue
+        if i < 2:  # per element: a few roundings in float32, one to the dtype
+            assert_close(a.cpu(), b, dtype)
+        else:  # a weight's gradient sums a term per row (inputs rounded to dtype: 16 u each)
+            tol = 16 * UNIT_ROUNDOFF[torch.float32] * rows * b.abs().max().item()
+            torch.testing.assert_close(a.cpu().double(), b, rtol=0, atol=max(tol, 1e-12))
+
+
+def test_strided_inputs_and_in_place_agree_with_out_of_place():
+    case = ((2, 4, 7, 32), 2, 32)
+    q, k, cos, sin, qw, kw = _inputs(case, torch.float32, "cpu")
+    want = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6)
+    # (batch, seq, heads, head_dim) transposed, and q and k as views of one qkv buffer
+    qkv = torch.cat([q, k, k], 1).transpose(1, 2).contiguous().transpose(1, 2)
+    qv, kv = qkv[:, :4], qkv[:, 4:6]
+    got = kernels.norm_rotate(qv, kv, cos, sin, qw, kw, 1e-6)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with torch.no_grad():
+        kernels.norm_rotate(qv, kv, cos, sin, qw, kw, 1e-6, inplace=True)
+    torch.testing.assert_close(qv, want[0], rtol=0, atol=0)
+    torch.testing.assert_close(kv, want[1], rtol=0, atol=0)
+    torch.testing.assert_close(qkv[:, 6:], k, rtol=0, atol=0)  # a neighbour left alone
+
+
+def _bad(q, k, cos, sin, qw, kw):
+    """Calls each refused with a ValueError naming what is wrong."""
+    return {
+        "q_weight": (q, k, cos, sin, qw[:-1], kw, 1e-6),
+        "k_weight": (q, k, cos, sin, qw, kw[None], 1e-6),
+        "q_weight must be a torch.Tensor": (q, k, cos, sin, qw.tolist(), kw, 1e-6),
+        "floating dtype": (q, k, cos, sin, qw.long(), kw, 1e-6),
+        "eps must be a finite number > 0, got 0": (q, k, cos, sin, qw, kw, 0.0),
+        "eps must be a finite number > 0, got -1": (q, k, cos, sin, qw, kw, -1e-6),
+        "eps must be a finite number > 0, got nan": (q, k, cos, sin, qw, kw, float("nan")),
+        "eps must be a finite number > 0, got True": (q, k, cos, sin, qw, kw, True),
+        "unit stride": (q.transpose(2, 3), k, cos, sin, qw, kw, 1e-6),
+        "meta": (q, k, cos, sin, qw.to("meta"), kw, 1e-6),
+        "frequencies": (q, k, torch.cat([cos, cos], -1), torch.cat([sin, sin], -1), qw, kw, 1e-6),
+    }
+
+
+@pytest.mark.parametrize("what", list(_bad(*_inputs(CASES[0], torch.float32, "cpu"))))
+@pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
+def test_bad_inputs_are_refused_by_name(what, backend):
+    args = _bad(*_inputs(CASES[0], torch.float32, "cpu"))[what]
+    with pytest.raises(ValueError, match=what.split(" must")[0] if " must" in what else what):
+        kernels.norm_rotate(*args, backend=backend)
+
+
+def test_weight_offset_and_in_place_refusals():
+    q, k, cos, sin, qw, kw = _inputs(CASES[1], torch.float32, "cpu")
+    with pytest.raises(ValueError, match="weight_offset"):
+        kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, float("inf"))
+    with pytest.raises(ValueError, match="inplace=True"):
+        kernels.norm_rotate(q, k, cos, sin, qw.requires_grad_(), kw, 1e-6, inplace=True)
+    before = q.clone()
+    with pytest.raises(ValueError):
+        kernels.norm_rotate(q, k, cos, sin, qw.detach()[:3], kw, 1e-6, inplace=True)
+    torch.testing.assert_close(q, before, rtol=0, atol=0)  # a refused call wrote nothing
+
+
+def _op_cases():
+    for dtype in DTYPES:
+        for case in CASES[1:]:
+            for interleaved in (False, True):
+                q, k, cos, sin, qw, kw = _inputs(case, dtype, "cpu", per_batch=True)
+                yield q, k, cos.contiguous(), sin.contiguous(), qw, kw, interleaved
+
+
+def test_opcheck_cpu_norm_rotate_ops():
+    from posemb.kernels import cpu
+
+    assert cpu.load() is not None, cpu.unavailable_reason()
+    for q, k, cos, sin, qw, kw, interleaved in _op_cases():
+        args = (q.requires_grad_(), k.requires_grad_(), cos, sin, qw.requires_grad_(), kw)
+        torch.library.opcheck(torch.ops.posemb.norm_rotate_cpu.default, (*args, 1e-6, interleaved))
+        plain = tuple(t.detach().clone() for t in args)
+        torch.library.opcheck(
+            torch.ops.posemb.norm_rotate_cpu_.default, (*plain, 1e-6, interleaved)
+        )
+        grads = (torch.randn_like(plain[0]), torch.randn_like(plain[1]))
+        torch.library.opcheck(
+            torch.ops.posemb.norm_rotate_cpu_backward.default,
+            (*grads, *plain, 1e-6, interleaved, True, False, True, True),
+        )
+
+
+def test_compile_fullgraph_and_export_match_eager():
+    q, k, cos, sin, qw, kw = _inputs(CASES[0], torch.float32, "cpu")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qw, self.kw = torch.nn.Parameter(qw.clone()), torch.nn.Parameter(kw.clone())
+
+        def forward(self, q, k):
+            return kernels.norm_rotate(q, k, cos, sin, self.qw, self.kw, 1e-6, 1.0)
+
+    block = Block()
+    want = block(q, k)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = compiled(q.requires_grad_(), k)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    got[0].sum().backward()
+    assert q.grad is not None and block.qw.grad is not None
+    program = torch.export.export(block, (q.detach(), k))
+    assert "norm_rotate_cpu" in str(program.graph)
+    for g, w in zip(program.module()(q.detach(), k), want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_opcheck_triton_norm_rotate_ops():
+    from posemb.kernels import triton_norm
+
+    checks = (
+        (
+            "test_schema",
+            "test_autograd_registration",
+            "test_faketensor",
+            "test_aot_dispatch_dynamic",
+        )
+        if ON_GPU
+        else ("test_schema", "test_autograd_registration")  # the interpreter cannot fake
+    )
+    device = "cuda" if ON_GPU else "cpu"
+    for i, (q, k, cos, sin, qw, kw, interleaved) in enumerate(_op_cases()):
+        if i % 5:
+            continue
+        q, k, qw, kw = (t.to(device) for t in (q, k, qw, kw))
+        n = cos.shape[-1]
+        c, s = (t.to(device).reshape(-1, n) for t in (cos, sin))
+        args = (q, k, c, s, qw, kw, 1e-6, interleaved, q.shape[2])
+        grad_args = (q.requires_grad_(q.dtype == torch.float32), *args[1:])
+        torch.library.opcheck(triton_norm.norm_rotate_triton_op, grad_args, test_utils=checks)
+        plain = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+        torch.library.opcheck(triton_norm.norm_rotate_triton_op_, plain, test_utils=checks)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_in_place_matches_out_of_place(backend):
+    device = _device(backend)
+    q, k, cos, sin, qw, kw = _inputs(((2, 3, 5, 40), 1, 24), torch.bfloat16, device, True)
+    want = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0, backend=backend)
+    got = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0, backend=backend, inplace=True)
+    assert got[0] is q and got[1] is k
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
