@@ -8,7 +8,7 @@ import torch
 import posemb
 from posemb import Layout, kernels
 from posemb.kernels import norm
-from tolerances import TOL, UNIT_ROUNDOFF, assert_close
+from tolerances import UNIT_ROUNDOFF, assert_close
 
 F64 = torch.float64
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

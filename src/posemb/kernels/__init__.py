@@ -34,10 +34,10 @@ from .._errors import BackendUnavailable, InputError
 from . import cpu as _cpu
 from . import fast as _fast
 from . import ops as _ops  # noqa: F401  (registers the Python halves of the CPU ops)
-from .norm import norm_rotate
 from . import overlap as _overlap
 from . import reference
 from .layout import Layout, as_layout
+from .norm import norm_rotate
 
 logger = logging.getLogger("posemb.kernels")
 

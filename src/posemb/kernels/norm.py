@@ -152,7 +152,8 @@ def norm_rotate(
         if inplace:
             torch.ops.posemb.norm_rotate_cpu_.default(q, k, c, s, wq, wk, eps_, interleaved)
             return q, k
-        q_out, k_out = torch.ops.posemb.norm_rotate_cpu.default(q, k, c, s, wq, wk, eps_, interleaved)
+        op = torch.ops.posemb.norm_rotate_cpu.default
+        q_out, k_out = op(q, k, c, s, wq, wk, eps_, interleaved)
         return q_out, k_out
     from .triton_norm import norm_rotate_triton
 
