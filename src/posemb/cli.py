@@ -205,14 +205,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         check_output_file(args.out, "--out", hf_bench.is_bench_csv, force=args.force)
     one_off: dict[str, float] = {}
-    if args.hf and args.decode:
-        raise InputError("--hf and --decode are two benches: pass one")
-    if (args.hf or args.decode) and args.shapes:
-        raise InputError("--shapes names kernel shapes; --hf and --decode time fixed setups")
-    if args.decode:
+    chosen = [flag for flag in ("hf", "decode", "norm") if getattr(args, flag)]
+    if len(chosen) > 1:
+        raise InputError(f"--{' and --'.join(chosen)} are different benches: pass one")
+    if chosen and args.shapes:
+        raise InputError(f"--shapes names kernel shapes; --{chosen[0]} times a fixed setup")
+    if args.norm:
+        from .bench import norm as norm_bench
+
+        _refuse_unused("the norm bench times fp32 and bf16 both", {"--dtype": bool(args.dtype)})
+        rows: list = norm_bench.run(
+            device=args.device,
+            quick=args.quick,
+            repeats=args.repeats,
+            progress=None if args.json else progress,
+        )
+    elif args.decode:
         from .bench import decode as decode_bench
 
-        rows: list = decode_bench.run(
+        rows = decode_bench.run(
             device=args.device,
             quick=args.quick,
             repeats=args.repeats,
@@ -244,7 +255,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         print(json.dumps({"one_off": one_off, "rows": [asdict(r) for r in rows]}, indent=2))
     else:
-        if args.decode:
+        if args.norm:
+            print(norm_bench.summary(rows))
+        elif args.decode:
             print(decode_bench.summary(rows))
         else:
             print(hf_bench.summary(rows) if args.hf else bench.summary(rows, one_off))
@@ -540,6 +553,13 @@ def _add_bench(sub: Any) -> None:
         help="instead: one token per step at Llama 3.1 8B's attention shapes, batch 1 and 8: "
         "one layer's rotation, a 32-layer step and a small model's decode step, each against "
         "transformers in the same run (paired ratios)",
+    )
+    bench.add_argument(
+        "--norm",
+        action="store_true",
+        help="instead: kernels.norm_rotate (QK-norm + RoPE in one pass) at prefill shapes, fp32 "
+        "and bf16, forward and forward+backward, against rms_norm then kernels.rotate, the "
+        "rotation alone and torch.compile of the two steps, in the same run",
     )
     bench.add_argument(
         "--dtype",

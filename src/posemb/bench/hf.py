@@ -387,11 +387,13 @@ def is_bench_csv(data: bytes) -> bool:
     # Each kind's header now, and before the machine's columns (for --hf, with cpu_op and
     # triton) were added at its end.
     from .decode import DecodeRow
+    from .norm import NormRow
 
     added: dict[type, tuple[str, ...]] = {
         Row: MACHINE_FIELDS,
         HFRow: (*MACHINE_FIELDS, "cpu_op", "triton"),
         DecodeRow: (),
+        NormRow: (),
     }
     headers = set()
     for cls, new in added.items():

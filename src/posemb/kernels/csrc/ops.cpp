@@ -383,11 +383,8 @@ void norm_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tens
   a.tile = tile_of(a.S, a.n);
   const NormFn fn = active().norm[dtype_of(x, "x")][interleaved ? 1 : 0];
   const int64_t units = a.B * ((a.S + a.tile - 1) / a.tile) * a.H;
-  const int64_t D = a.D;
-  torch::stable::parallel_for(0, units, grain_of(a.D, a.tile), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(static_cast<size_t>(D));
-    fn(a, begin, end, buf.data());
-  });
+  torch::stable::parallel_for(0, units, grain_of(a.D, a.tile),
+                              [&](int64_t begin, int64_t end) { fn(a, begin, end, nullptr); });
 }
 
 std::tuple<Tensor, Tensor> norm_rotate_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin,
@@ -438,7 +435,7 @@ void norm_backward_into(const Tensor& g, const Tensor& x, const Tensor& cos, con
   const int64_t tasks = std::min<int64_t>(units, 64);
   std::vector<double> partial(dw != nullptr ? static_cast<size_t>(tasks * D) : 0, 0.0);
   torch::stable::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> buf(static_cast<size_t>(2 * D));
+    std::vector<float> buf(static_cast<size_t>(3 * D));
     for (int64_t c = first; c < last; ++c) {
       double* mine = dw != nullptr ? partial.data() + c * D : nullptr;
       fn(a, units * c / tasks, units * (c + 1) / tasks, buf.data(), mine);

@@ -76,7 +76,7 @@ struct NormBackwardArgs {
   float eps;
 };
 
-// buf: D floats of scratch (2 D for the backward); dw: D doubles of this task's weight
+// buf: scratch, none forward (null), 3 D floats backward; dw: D doubles of this task's weight
 // gradient, accumulated into (null: none).
 using NormFn = void (*)(const NormArgs&, int64_t begin, int64_t end, float* buf);
 using NormBackwardFn = void (*)(const NormBackwardArgs&, int64_t begin, int64_t end, float* buf,
