@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
+import logging
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +39,9 @@ from torch import nn
 from .. import kernels
 from .._errors import InputError
 from ..kernels.layout import Layout
+from .fused_norm import Deferred, NormSpec, defer, norm_rotation, restore, why_not
+
+logger = logging.getLogger("posemb.hf")
 
 ROTATION = "apply_rotary_pos_emb"
 _MARK = "_posemb_fused"
@@ -141,6 +147,23 @@ def _shadow(module_name: str, forms: tuple[_Form, ...]) -> dict[str, Any]:
         sys.modules[name] = shadow
         _shadows[key] = shadow
     return _shadows[key].__dict__
+
+
+_own = itertools.count()
+
+
+def _own_shadow(scope: dict[str, Any], module: nn.Module, norms: NormSpec) -> dict[str, Any]:
+    """Globals of one attention instance, whose rotation applies its own q and k norms: a
+    module of its own in ``sys.modules`` (as :func:`_shadow`'s, for ``torch.compile``), removed
+    when the attention is collected."""
+    name = f"{scope['__name__']}.norms{next(_own)}"
+    shadow = types.ModuleType(name)
+    shadow.__dict__.update(scope)
+    shadow.__dict__["__name__"] = name
+    shadow.__dict__[ROTATION] = norm_rotation(module, norms)
+    sys.modules[name] = shadow
+    weakref.finalize(module, sys.modules.pop, name, None)
+    return shadow.__dict__
 
 
 def fused_complex_rotation(bshd: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -326,13 +349,19 @@ class FusedForward:
     fused (a plain bound method pickled as the class's eager ``forward``).
     """
 
-    def __init__(self, module: nn.Module, forms: tuple[_Form, ...]) -> None:
+    def __init__(
+        self, module: nn.Module, forms: tuple[_Form, ...], norms: NormSpec | None = None
+    ) -> None:
         self._module = module
         self._forms = forms
+        self._norms = norms
         cls = type(module)
         original = cls.forward
         assert isinstance(original, types.FunctionType)  # patch_fused checked it
-        fn = _rebuilt(original, _shadow(cls.__module__, forms))
+        scope = _shadow(cls.__module__, forms)
+        if norms is not None:
+            scope = _own_shadow(scope, module, norms)
+        fn = _rebuilt(original, scope)
         self._bound = types.MethodType(fn, module)
         # What inspect.signature reads: the bound method's parameters, without self.
         self.__signature__ = inspect.signature(self._bound)
@@ -341,12 +370,15 @@ class FusedForward:
         return self._bound(*args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_fused_again, (self._module, tuple(FORMS.index(f) for f in self._forms)))
+        forms = tuple(FORMS.index(f) for f in self._forms)
+        return (_fused_again, (self._module, forms, self._norms))
 
 
-def _fused_again(module: nn.Module, forms: tuple[int, ...]) -> FusedForward:
+def _fused_again(
+    module: nn.Module, forms: tuple[int, ...], norms: NormSpec | None = None
+) -> FusedForward:
     """Unpickling: the same forms, rebuilt against the module's class of this process."""
-    return FusedForward(module, tuple(FORMS[i] for i in forms))
+    return FusedForward(module, tuple(FORMS[i] for i in forms), norms)
 
 
 def is_fused(module: nn.Module) -> bool:
@@ -378,6 +410,8 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         if is_fused(module):
             already += 1
             continue
+        if isinstance(module.__dict__.get("forward"), Deferred):
+            continue  # a norm the fused rotation of its attention applies
         if "forward" in module.__dict__ and not _hooked(module):
             raise InputError(
                 f"{name} ({type(module).__name__}) already has its own forward "
@@ -400,21 +434,51 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
             if (modeling, rotation) not in forms:
                 forms[(modeling, rotation)] = _form_of(modeling, rotation, head_dim, rotary_dim)
         chosen = tuple(forms[(modeling, r)] for r in sorted(fusable))
-        plan.append((name, module, chosen))
+        plan.append((name, module, chosen, _norms_for(name, module, chosen, head_dim)))
     if not plan and not already:
         raise InputError(
             f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
             f"({', '.join(NAMES)})"
         )
     # Only now, with every module checked, is anything changed.
-    for _, module, chosen in plan:
+    names = []
+    for name, module, chosen, norms in plan:
         if _hooked(module):
             # accelerate's hook calls _old_forward: fuse beneath it, keep the hook.
-            module.__dict__["_old_forward"] = FusedForward(module, chosen)
+            module.__dict__["_old_forward"] = FusedForward(module, chosen, norms)
         else:
-            module.forward = FusedForward(module, chosen)
+            module.forward = FusedForward(module, chosen, norms)
         module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
-    return [name for name, _, _ in plan]
+        names.append(name)
+        if norms is not None:
+            names += [f"{name}.{norm}" for norm in defer(module)]
+    return names
+
+
+def _norms_for(
+    name: str, module: nn.Module, chosen: tuple[_Form, ...], head_dim: int
+) -> NormSpec | None:
+    """The q and k norms to fuse into ``module``'s rotation, or None (logged once per class
+    where the attention has norms that stay separate, with why)."""
+    verdict = why_not(module, head_dim)
+    if verdict is None:
+        return None
+    if isinstance(verdict, NormSpec) and chosen != (FORMS[0],):
+        verdict = "its rotation is not rotate_half on cat([cos, cos]) tables"
+    if isinstance(verdict, str):
+        key = f"{type(module).__name__}: {verdict}"
+        if key not in _norms_logged:
+            _norms_logged.add(key)
+            logger.warning(
+                "posemb: %s's q_norm and k_norm stay separate from the fused rotation (%s)",
+                type(module).__name__,
+                verdict,
+            )
+        return None
+    return verdict
+
+
+_norms_logged: set[str] = set()
 
 
 def unpatch_fused(model: nn.Module) -> list[str]:
@@ -429,6 +493,9 @@ def unpatch_fused(model: nn.Module) -> list[str]:
         elif isinstance(module.__dict__.get("_old_forward"), FusedForward):
             module.__dict__["_old_forward"] = types.MethodType(type(module).forward, module)
             restored.append(name)
+        else:
+            continue
+        restored += [f"{name}.{norm}" for norm in restore(module)]
     return restored
 
 
