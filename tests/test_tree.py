@@ -36,6 +36,7 @@ COVERED_ELSEWHERE = {
         "opcheck and every backend against the reference in one parametrized suite"
     ),
     "kernels/triton.py": "the Triton backend, in the same suite: test_kernels.py",
+    "kernels/triton_norm.py": "the Triton norm_rotate, with the others: test_kernels_norm.py",
     "kernels/build.py": "the op's compile flags: test_kernels_cpu.py, test_wheel.py",
     "lab/race.py": "the fine-tuning race runs in a sweep: test_lab_tasks.py",
     "lab/resumable.py": (

@@ -178,8 +178,10 @@ def _rows(where, mode, times, first, moved, meta, progress) -> list[NormRow]:
         speedup = statistics.median(b / t for b, t in zip(base, ts, strict=True) if t > 0)
         versus = statistics.median(t / o for t, o in zip(ts, times[other], strict=True) if o > 0)
         gbps = moved / (med * 1e-3) / 1e9 if med > 0 else None
-        row = (*where, mode, method, med, qs[0], qs[-1], gbps, speedup, versus, other)
-        rows.append(NormRow(*row, first[method], **meta))
+        rows.append(
+            NormRow(where[0], where[1], mode, method, med, qs[0], qs[-1], gbps, speedup,
+                    versus, other, first[method], **meta)
+        )  # fmt: skip
         if progress:
             progress(f"{where[1]:5} {mode:16} {method:18} {med:9.1f} ms  {speedup:5.2f}x two-step")
     return rows

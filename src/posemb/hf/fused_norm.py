@@ -151,10 +151,12 @@ def norm_rotation(attention: nn.Module, spec: NormSpec) -> Callable[..., tuple]:
         n = cos.shape[-1] // 2
         attention = owner()
         assert attention is not None  # it is calling this
-        q_norm, k_norm = attention.q_norm, attention.k_norm
+        q_weight = getattr(attention.q_norm, "weight", None)
+        k_weight = getattr(attention.k_norm, "weight", None)
+        assert isinstance(q_weight, torch.Tensor) and isinstance(k_weight, torch.Tensor)
         return kernels.norm_rotate(
-            q, k, cos[..., :n], sin[..., :n], q_norm.weight, k_norm.weight, spec.eps, spec.offset,
-        )  # fmt: skip
+            q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, spec.eps, spec.offset
+        )
 
     apply_rotary_pos_emb.__doc__ = "posemb's fused QK-norm and rotation (rotate_half pairs)."
     return apply_rotary_pos_emb

@@ -215,8 +215,8 @@ class DerivedRotation:
             entry is None
             or entry[0] is not cos
             or entry[1] is not sin
-            or entry[2] != cos._version  # type: ignore[attr-defined]
-            or entry[3] != sin._version  # type: ignore[attr-defined]
+            or entry[2] != cos._version
+            or entry[3] != sin._version
         ):
             entry = self._derive(cos, sin)
             if entry is None:

@@ -12,6 +12,8 @@ atomics, the same result every run).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -217,13 +219,13 @@ def norm_rotate_triton_backward(
     return dq, dk, dqw, dkw
 
 
-def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     q, k, cos, sin, qw, kw, eps, interleaved, stride = inputs
     ctx.save_for_backward(q, k, cos, sin, qw, kw)
     ctx.eps, ctx.interleaved, ctx.stride = eps, interleaved, stride
 
 
-def _backward(ctx, grad_q, grad_k):  # type: ignore[no-untyped-def]
+def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
     from .ops import unit_last
 
     q, k, cos, sin, qw, kw = ctx.saved_tensors
