@@ -42,6 +42,10 @@ timeout 60 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$OUT/ben
     2>&1 | tee "$OUT/bench-hf-gpu.txt"
 
 # 4. Decode: one token per step at Llama 3.1 8B's attention shapes, batch 1 and 8, posemb's
-# module, kernels.rotate and the fused patch against transformers, per layer and per step.
+# module, kernels.rotate and the fused patch against transformers, per layer and per step (the
+# CPU fast paths do not apply on CUDA: this measures the Triton op's launches), then QK-norm +
+# RoPE at prefill shapes.
 timeout 60 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
     --out "$OUT/bench-decode-gpu.csv" 2>&1 | tee "$OUT/bench-decode-gpu.txt"
+timeout 60 "$PY" -m posemb bench --norm --device cuda --out "$OUT/bench-norm-gpu.csv" 2>&1 \
+    | tee "$OUT/bench-norm-gpu.txt"

@@ -194,3 +194,79 @@ def test_a_collected_fused_model_leaves_nothing_in_sys_modules():
     del model
     gc.collect()
     assert {n for n in sys.modules if ".norms" in n} <= before
+
+
+def test_inference_mode_then_training_on_a_fused_model():
+    eager = tiny("qwen3")
+    fused = copy.deepcopy(eager)
+    hf.patch_rotary(fused, fused=True)
+    prompt = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(7))
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        got = fused.generate(prompt, **kwargs)
+        want = eager.generate(prompt, **kwargs)
+    assert torch.equal(got, want)
+    fused.train()
+    out = fused(prompt, labels=prompt)  # tables formed under inference_mode must not leak
+    out.loss.backward()
+    assert fused.model.layers[0].self_attn.q_norm.weight.grad is not None
+
+
+def test_a_norm_replaced_or_changed_after_patching_is_still_applied_once():
+    eager = tiny("qwen3")
+    fused = copy.deepcopy(eager)
+    hf.patch_rotary(fused, fused=True)
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(8))
+    # A new q_norm with the same weights: its own forward runs, the rotation must not norm again.
+    for model in (eager, fused):
+        attn = model.model.layers[0].self_attn
+        new = type(attn.q_norm)(32, eps=attn.q_norm.variance_epsilon)
+        new.load_state_dict(attn.q_norm.state_dict())
+        attn.q_norm = new
+    torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+    # An epsilon changed on a deferred norm (q and k now differ): read at the call.
+    for model in (eager, fused):
+        model.model.layers[1].self_attn.k_norm.variance_epsilon = 0.5
+    torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_unpatch_beneath_an_accelerate_hook_restores_the_norms():
+    eager = tiny("qwen3")
+    fused = copy.deepcopy(eager)
+    hf.patch_rotary(fused, fused=True)
+    for module in fused.modules():  # what accelerate's add_hook_to_module does to a module
+        if "forward" in module.__dict__:
+            module._old_forward = module.__dict__.pop("forward")
+            module._hf_hook = object()
+            module.forward = lambda *a, _m=module, **k: _m._old_forward(*a, **k)
+    restored = hf.unpatch_rotary(fused)
+    assert "model.layers.0.self_attn.k_norm" in restored
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_gemma_weights_far_from_zero_keep_their_one_plus_w_form():
+    model = tiny("gemma3")
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.q_norm.weight.fill_(120.0)
+        attn.k_norm.weight.fill_(120.0)
+    assert hf.fused_norm.why_not(attn, 32).offset == 1.0
+    eager = copy.deepcopy(model)
+    hf.patch_rotary(model, fused=True)
+    ids = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(10))
+    want = eager(ids).logits
+    torch.testing.assert_close(
+        model(ids).logits, want, rtol=1e-4, atol=1e-4 * want.abs().max().item()
+    )
+
+
+def test_patch_and_unpatch_in_a_loop_keep_nothing_in_sys_modules():
+    import sys
+
+    model = tiny("qwen3")
+    before = {n for n in sys.modules if ".norms" in n}
+    for _ in range(3):
+        hf.patch_rotary(model, fused=True)
+        hf.unpatch_rotary(model)
+    assert {n for n in sys.modules if ".norms" in n} == before

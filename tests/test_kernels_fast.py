@@ -410,3 +410,39 @@ def test_patched_tables_follow_a_changed_module_and_survive_a_copy():
     for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
         for g, w in zip(other(x, pos, "full_attention"), after, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_a_derived_table_that_later_needs_a_gradient_gets_it():
+    from posemb.hf.fused import fused_rotation
+
+    fused = fused_rotation(posemb.Layout.HALF)
+    q, k = _qk()
+    cos, sin = _hf_tables(torch.tensor([[10]]))
+    fused(q, k, cos, sin), fused(q, k, cos, sin)  # derived and kept
+    cos.requires_grad_()
+    out = fused(q, k, cos, sin)[0]
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert cos.grad is not None and cos.grad.abs().sum() > 0
+
+
+def test_jit_trace_after_eager_calls_bakes_no_table():
+    rope = posemb.RotaryEmbedding(64)
+    q, k = _qk()
+    rope(q, k, torch.tensor([[5]])), rope(q, k, torch.tensor([[5]]))
+    traced = torch.jit.trace(lambda a, b, p: rope(a, b, p)[0], (q, k, torch.tensor([[5]])))
+    other = torch.tensor([[9]])
+    assert_close(traced(q, k, other), _expected(rope, q, k, other)[0], torch.float32)
+
+
+def test_fused_rotation_under_inference_mode_and_after():
+    from posemb.hf.fused import fused_rotation
+
+    fused = fused_rotation(posemb.Layout.HALF)
+    q, k = _qk()
+    with torch.inference_mode():
+        cos, sin = _hf_tables(torch.tensor([[10]]))
+        for _ in range(2):
+            assert_close(fused(q, k, cos, sin)[0], _hf_apply(q, k, cos, sin)[0], torch.float32)
+    cos2, sin2 = _hf_tables(torch.tensor([[11]]))
+    assert_close(fused(q, k, cos2, sin2)[0], _hf_apply(q, k, cos2, sin2)[0], torch.float32)

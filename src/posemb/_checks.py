@@ -23,15 +23,16 @@ _functorch_level = torch._C._functorch.maybe_current_level
 _dispatch_mode = torch._C._get_dispatch_mode
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+_jit_tracing = torch._C._is_tracing
 
 
 def tracing() -> bool:
     """Whether torch is tracing this call (``torch.compile``, ``torch.export`` in either mode,
-    any ``FakeTensorMode``, or a ``torch.func`` transform such as vmap or jacrev): what is
-    computed now is not a real tensor, or not one to keep.
+    ``torch.jit.trace``, any ``FakeTensorMode``, or a ``torch.func`` transform such as vmap or
+    jacrev): what is computed now is not a real tensor, or not one to keep.
     """
-    if _is_compiling() or _is_exporting():
-        return True
+    if _is_compiling() or _is_exporting() or _jit_tracing():
+        return True  # torch.jit.trace too: it would bake a remembered table into its graph
     if _functorch_level() is not None:
         return True  # a batched or grad-tracking wrapper has no storage to read or keep
     # The active dispatch modes, read directly: ~0.4 us, where torch._guards.detect_fake_mode

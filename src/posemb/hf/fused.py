@@ -361,6 +361,7 @@ class FusedForward:
         scope = _shadow(cls.__module__, forms)
         if norms is not None:
             scope = _own_shadow(scope, module, norms)
+        self._own = scope["__name__"] if norms is not None else None
         fn = _rebuilt(original, scope)
         self._bound = types.MethodType(fn, module)
         # What inspect.signature reads: the bound method's parameters, without self.
@@ -487,14 +488,18 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     restored = []
     for name, module in model.named_modules():
         module.__dict__.pop(_MARK, None)
-        if isinstance(module.__dict__.get("forward"), FusedForward):
-            del module.forward
-            restored.append(name)
-        elif isinstance(module.__dict__.get("_old_forward"), FusedForward):
-            module.__dict__["_old_forward"] = types.MethodType(type(module).forward, module)
-            restored.append(name)
-        else:
+        fused = module.__dict__.get("forward")
+        if not isinstance(fused, FusedForward):
+            fused = module.__dict__.get("_old_forward")
+        if not isinstance(fused, FusedForward):
             continue
+        if fused._own is not None:
+            sys.modules.pop(fused._own, None)  # its own globals (a patch/unpatch loop kept them)
+        if "forward" in module.__dict__ and module.__dict__["forward"] is fused:
+            del module.forward
+        else:
+            module.__dict__["_old_forward"] = types.MethodType(type(module).forward, module)
+        restored.append(name)
         restored += [f"{name}.{norm}" for norm in restore(module)]
     return restored
 

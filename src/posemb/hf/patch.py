@@ -131,7 +131,7 @@ class HFRotaryEmbedding(nn.Module):
                 # One gather from the cached table already in the family's form: a decode
                 # step's tables took 120 us formed from the angles, twice transformers' 55 us.
                 formed = self._in_form(key, table, compute if self.float32_tables else x.dtype)
-                self._remember(x, position_ids, layer_type, rope, formed)
+                self._remember(x, position_ids, layer_type, key, rope, formed)
                 both = formed[:, pos]
                 return both[0], both[1]
             cos, sin = rope.cos_sin(pos, dtype=compute, device=x.device)
@@ -146,18 +146,22 @@ class HFRotaryEmbedding(nn.Module):
 
     def _in_form(self, rope_key: str, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A module's cached ``(2, rows, r/2)`` cos/sin stack in this family's form and
-        ``dtype``, kept while the module keeps that stack (held here, so its identity is
-        never another's)."""
+        ``dtype``: one entry per layer type, device and dtype, formed again when the module
+        hands out another stack (the entry holds the stack, so its identity is never
+        another's)."""
         key = (rope_key, table.device, dtype)
         hit = self._forms.get(key)
         if hit is not None and hit[0] is table:
             return hit[1]
-        if self.tables == "half_width":
-            formed = table.to(dtype)
-        elif self.tables == "interleaved":
-            formed = table.repeat_interleave(2, -1).to(dtype)
-        else:
-            formed = torch.cat((table, table), -1).to(dtype)
+        # Never an inference tensor (as RotaryEmbedding's own tables): one formed under
+        # inference_mode and kept would break every later call that trains.
+        with torch.inference_mode(False):
+            if self.tables == "half_width":
+                formed = table.to(dtype)
+            elif self.tables == "interleaved":
+                formed = table.repeat_interleave(2, -1).to(dtype)
+            else:
+                formed = torch.cat((table, table), -1).to(dtype)
         if not _checks.tracing():
             self._forms[key] = (table, formed)
         return formed
@@ -175,17 +179,24 @@ class HFRotaryEmbedding(nn.Module):
         memo = self._decode
         if (
             memo is None
+            or _checks.tracing()  # first: a tracer must not guard on the memo
             or type(x) is not torch.Tensor
             or type(position_ids) is not torch.Tensor
             or memo[0] != (layer_type, x.dtype, x.is_cpu, position_ids.dtype, position_ids.dim())
             or not position_ids.is_cpu
             or position_ids.numel() > 64
-            or _checks.tracing()
         ):
             return None
-        _, rope, scaling, base, rotary_dim, formed = memo
-        if rope._scaling is not scaling or rope._base != base or rope._rotary_dim != rotary_dim:
-            return None  # the module was changed since: the full path forms its tables
+        _, key, rope, scaling, base, rotary_dim, formed = memo
+        current = self.ropes._modules.get(key)
+        if (
+            current is not rope
+            or not isinstance(rope, RotaryEmbedding)
+            or rope._scaling is not scaling
+            or rope._base != base
+            or rope._rotary_dim != rotary_dim
+        ):
+            return None  # the module was replaced or changed since: the full path forms tables
         values = position_ids.flatten().tolist()
         if not values or min(values) < 0 or max(values) >= formed.shape[1]:
             return None
@@ -193,7 +204,7 @@ class HFRotaryEmbedding(nn.Module):
         return both[0], both[1]
 
     def _remember(
-        self, x: torch.Tensor, position_ids: object, layer_type: str | None,
+        self, x: torch.Tensor, position_ids: object, layer_type: str | None, key: str,
         rope: RotaryEmbedding, formed: torch.Tensor,
     ) -> None:  # fmt: skip
         """Keep what :meth:`_decode_hit` needs after a call that passed every check."""
@@ -207,7 +218,7 @@ class HFRotaryEmbedding(nn.Module):
             and not _checks.tracing()
         ):
             sig = (layer_type, x.dtype, x.is_cpu, position_ids.dtype, position_ids.dim())
-            self._decode = (sig, rope, rope._scaling, rope._base, rope._rotary_dim, formed)
+            self._decode = (sig, key, rope, rope._scaling, rope._base, rope._rotary_dim, formed)
 
     def __getstate__(self) -> dict[str, object]:
         state = super().__getstate__()

@@ -204,6 +204,7 @@ class DerivedRotation:
             and _functorch_level() is None
             and _dispatch_mode(_FAKE_MODE) is None
             and _dispatch_mode(_PROXY_MODE) is None
+            and not _jit_tracing()
             and q.is_cpu
             and k.is_cpu
             and q.shape[0] == k.shape[0]
@@ -221,6 +222,8 @@ class DerivedRotation:
             entry = self._derive(cos, sin)
             if entry is None:
                 return None
+        elif cos.requires_grad or sin.requires_grad:  # since they were derived
+            return None  # the full path gives them their gradient
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         try:
             _rotate_into(q, k, q_out, k_out, *entry[4:], None, None, self._interleaved, False)
@@ -244,6 +247,9 @@ class DerivedRotation:
         ):
             return None
         c, s = c.to(torch.float32).contiguous(), s.to(torch.float32).contiguous()
+        if cos.is_inference() or sin.is_inference():
+            # No version counter to tell a write in place from none: used once, never kept.
+            return (cos, sin, -1, -1, c, s)
         entry = (cos, sin, cos._version, sin._version, c, s)
         self._entry = entry
         return entry
@@ -257,6 +263,7 @@ _functorch_level = torch._C._functorch.maybe_current_level
 _dispatch_mode = torch._C._get_dispatch_mode
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+_jit_tracing = torch._C._is_tracing
 _rotate_into: Callable[..., None] | None = None
 
 
