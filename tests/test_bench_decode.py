@@ -18,7 +18,7 @@ def test_quick_decode_bench_writes_every_part_paired_with_transformers(tmp_path,
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == len(data["rows"])
     parts = {(r["part"], int(r["batch"])) for r in rows}
-    assert parts == {(p, b) for p in ("layer", "step", "model") for b in decode.BATCHES}
+    assert parts == {(p, b) for p in ("layer", "step", "model", "qwen3") for b in decode.BATCHES}
     for part, batch in parts:
         mine = {r["method"]: r for r in rows if (r["part"], int(r["batch"])) == (part, batch)}
         assert float(mine["transformers"]["vs_transformers"]) == 1.0  # paired with itself

@@ -270,3 +270,19 @@ def test_patch_and_unpatch_in_a_loop_keep_nothing_in_sys_modules():
         hf.patch_rotary(model, fused=True)
         hf.unpatch_rotary(model)
     assert {n for n in sys.modules if ".norms" in n} == before
+
+
+def test_a_no_grad_step_takes_the_direct_op_and_sees_weights_changed_in_place():
+    eager = tiny("qwen3")
+    fused = copy.deepcopy(eager)
+    hf.patch_rotary(fused, fused=True)
+    ids = torch.randint(0, 97, (2, 1), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        fused(ids), fused(ids)
+        with torch.profiler.profile() as prof:
+            got = fused(ids).logits
+        assert "posemb::_norm_rotate_cpu_into" in {e.key for e in prof.key_averages()}
+        torch.testing.assert_close(got, eager(ids).logits, rtol=1e-5, atol=1e-5)
+        for model in (eager, fused):  # an optimiser's step writes the weights in place
+            model.model.layers[1].self_attn.q_norm.weight.mul_(1.7)
+        torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)

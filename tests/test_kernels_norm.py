@@ -189,6 +189,11 @@ def test_opcheck_cpu_norm_rotate_ops():
         torch.library.opcheck(
             torch.ops.posemb.norm_rotate_cpu_.default, (*plain, 1e-6, interleaved)
         )
+        outs = (torch.empty_like(plain[0]), torch.empty_like(plain[1]))
+        torch.library.opcheck(
+            torch.ops.posemb._norm_rotate_cpu_into.default,
+            (plain[0], plain[1], *outs, *plain[2:], 1e-6, interleaved),
+        )
         grads = (torch.randn_like(plain[0]), torch.randn_like(plain[1]))
         torch.library.opcheck(
             torch.ops.posemb.norm_rotate_cpu_backward.default,

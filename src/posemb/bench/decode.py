@@ -14,7 +14,12 @@ position ~1000 of a KV-cache decode, batch 1 and 8:
   patch (transformers' tables, posemb's op);
 * ``model``: a small ``LlamaForCausalLM`` (4 layers, width 1024) decoding one token against a
   256-token cache, eager against ``patch_rotary(model, fused=True)``, with a second eager copy
-  of the same model as a control: its ratio is the noise of the measurement.
+  of the same model as a control: its ratio is the noise of the measurement;
+* ``qwen3``: the same with a ``Qwen3ForCausalLM``, whose q and k norms the patch fuses into the
+  rotation (:func:`posemb.kernels.norm_rotate`).
+
+``layer`` calls each method with one step's positions again and again, as a model's layers do:
+what it times is every layer but a step's first. ``step`` includes the first.
 
 Each sample times ``calls`` calls; methods run in rounds, one sample of each per round, and
 ``vs_transformers`` is the median over rounds of (transformers' sample / the method's), so a
@@ -153,25 +158,28 @@ def _config(config_cls: Any) -> Any:
 
 
 def _model(
-    batch: int, dtype: torch.dtype, device: torch.device, quick: bool
+    batch: int, dtype: torch.dtype, device: torch.device, quick: bool, family: str = "llama"
 ) -> dict[str, Callable]:
-    """A small Llama decoding one token against a cache of :data:`PREFILL` tokens, cropped back
-    after each step so every step sees the same length."""
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    """A small Llama (or Qwen3, whose q and k norms the patch fuses too) decoding one token
+    against a cache of :data:`PREFILL` tokens, cropped back after each step so every step sees
+    the same length."""
+    import transformers
+    from transformers import DynamicCache
 
     from ..hf import patch_rotary
 
     width, heads = (128, 4) if quick else (1024, 16)
-    config_cls: Any = LlamaConfig
+    name = {"llama": "Llama", "qwen3": "Qwen3"}[family]
+    config_cls: Any = getattr(transformers, f"{name}Config")
     config = config_cls(
         vocab_size=8192, hidden_size=width, intermediate_size=width * 11 // 4,
         num_hidden_layers=2 if quick else 4, num_attention_heads=heads,
-        num_key_value_heads=heads // 4,
+        num_key_value_heads=heads // 4, head_dim=width // heads,
         rope_parameters={"rope_type": "default", "rope_theta": THETA},
         attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    model_cls: Any = LlamaForCausalLM
+    model_cls: Any = getattr(transformers, f"{name}ForCausalLM")
     base = model_cls(config).to(device, dtype).eval()
     # Every method its own copy of one model, and a second unpatched copy: the spread between
     # two identical models is the noise a ratio here should be read against.
@@ -220,7 +228,7 @@ def run(
     Args:
         device: "cpu" or "cuda".
         quick: small shapes, 3 rounds: proves the harness works (CI), measures nothing.
-        repeats: rounds per part (default 200 for ``layer``, 60 for ``step``, 40 for ``model``).
+        repeats: rounds per part (default 200 for ``layer``, 60 for ``step``, 40 for each model).
         dtype: "fp32" or "bf16", of q, k and the model.
         progress: called with a line per measurement.
     """
@@ -250,6 +258,7 @@ def run(
             "layer": (_layer(q, k, pos), LAYERS, 200),
             "step": (_step(q, k), 1, 60),
             "model": (_model(batch, DTYPES[dtype], dev, quick), 1, 40),
+            "qwen3": (_model(batch, DTYPES[dtype], dev, quick, "qwen3"), 1, 40),
         }
         for part, (methods, calls, default) in parts.items():
             reps = repeats or (3 if quick else default)

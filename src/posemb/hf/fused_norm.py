@@ -183,6 +183,10 @@ def norm_rotation(attention: nn.Module, spec: NormSpec) -> Callable[..., tuple]:
         if q_deferred and k_deferred and eps == _eps_of(k_norm) and isinstance(eps, float):
             q_weight, k_weight = q_norm.weight, k_norm.weight
             assert isinstance(q_weight, torch.Tensor) and isinstance(k_weight, torch.Tensor)
+            # A decode step's layers: the tables cut once per step, the op called directly.
+            out = _DERIVED(q, k, cos, sin, (q_weight, k_weight, eps, spec.offset))
+            if out is not None:
+                return out
             return kernels.norm_rotate(
                 q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, eps, spec.offset
             )
@@ -196,6 +200,10 @@ def norm_rotation(attention: nn.Module, spec: NormSpec) -> Callable[..., tuple]:
 
     apply_rotary_pos_emb.__doc__ = "posemb's fused QK-norm and rotation (rotate_half pairs)."
     return apply_rotary_pos_emb
+
+
+# One for every fused attention: a step's tables are cut once for all its layers.
+_DERIVED = kernels.fast.DerivedRotation(lambda t: t[..., : t.shape[-1] // 2], False)
 
 
 __all__ = ["FAMILIES", "Deferred", "NormSpec", "defer", "norm_rotation", "restore", "why_not"]

@@ -36,6 +36,9 @@ Signature = tuple[object, ...]
 SMALL = 64
 """Most positions a call may carry to use the table memo (a decode step has batch x tokens)."""
 
+_WEIGHTS_KEPT = 1024
+"""Layers' norm weights kept in float32 form (a model's layers each have their own)."""
+
 SMALL_TABLE = SMALL * 512
 """Most entries a derived table may have to be kept (a prefill's would pin megabytes)."""
 
@@ -187,11 +190,22 @@ class DerivedRotation:
         self._interleaved = interleaved
         self._entry: tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None
         self._entry = None
+        self._weights: dict[int, tuple] = {}  # by id(q_weight), each entry holding it
 
     def __call__(
-        self, q: object, k: object, cos: object, sin: object
+        self,
+        q: object,
+        k: object,
+        cos: object,
+        sin: object,
+        norms: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(q, k)`` rotated through the op, or None where the full path must run."""
+        """``(q, k)`` rotated through the op, or None where the full path must run.
+
+        With ``norms`` = ``(q_weight, k_weight, eps, weight_offset)`` each head is first
+        RMS-normalised, as :func:`posemb.kernels.norm_rotate` does (the weights' float32
+        offset forms are kept as the tables are: by identity and version counter).
+        """
         if not (
             type(q) is torch.Tensor
             and type(k) is torch.Tensor
@@ -224,12 +238,48 @@ class DerivedRotation:
                 return None
         elif cos.requires_grad or sin.requires_grad:  # since they were derived
             return None  # the full path gives them their gradient
+        weights = None if norms is None else self._weights_for(*norms)
+        if norms is not None and weights is None:
+            return None
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         try:
-            _rotate_into(q, k, q_out, k_out, *entry[4:], None, None, self._interleaved, False)
+            if weights is None:
+                _rotate_into(q, k, q_out, k_out, *entry[4:], None, None, self._interleaved, False)
+            else:
+                assert _norm_into is not None  # bound with _rotate_into
+                _norm_into(q, k, q_out, k_out, *entry[4:], *weights, self._interleaved)
         except RuntimeError:  # the op refused them: the full path explains
             return None
         return q_out, k_out
+
+    def _weights_for(
+        self, qw: torch.Tensor, kw: torch.Tensor, eps: float, offset: float
+    ) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """``(q_weight + offset, k_weight + offset, eps)`` in float32 for the op; None where
+        the full path must run (a weight that needs a gradient, or not a plain CPU tensor)."""
+        if type(qw) is not torch.Tensor and not isinstance(qw, torch.nn.Parameter):
+            return None
+        if type(kw) is not torch.Tensor and not isinstance(kw, torch.nn.Parameter):
+            return None
+        if _grad_enabled() and (qw.requires_grad or kw.requires_grad):
+            return None
+        if not (qw.is_cpu and kw.is_cpu) or qw.is_inference() or kw.is_inference():
+            return None
+        held = self._weights.get(id(qw))
+        if (
+            held is not None
+            and held[0] is qw  # it is held, so its id is no other tensor's
+            and held[1] is kw
+            and held[2] == (qw._version, kw._version, offset)
+        ):
+            return held[3], held[4], eps
+        with torch.no_grad():
+            wq = qw.to(torch.float32) + offset
+            wk = kw.to(torch.float32) + offset
+        if len(self._weights) >= _WEIGHTS_KEPT:
+            self._weights.pop(next(iter(self._weights)))
+        self._weights[id(qw)] = (qw, kw, (qw._version, kw._version, offset), wq, wk)
+        return wq, wk, eps
 
     def _derive(self, cos: object, sin: object) -> tuple | None:
         if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
@@ -255,7 +305,7 @@ class DerivedRotation:
         return entry
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_entry": None}  # a copy derives its own
+        return {**self.__dict__, "_entry": None, "_weights": {}}  # a copy derives its own
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -267,9 +317,13 @@ _jit_tracing = torch._C._is_tracing
 _rotate_into: Callable[..., None] | None = None
 
 
+_norm_into: Callable[..., None] | None = None
+
+
 def _bind_op() -> None:
-    global _rotate_into
+    global _rotate_into, _norm_into
     _rotate_into = torch.ops.posemb._rotate_cpu_into.default
+    _norm_into = torch.ops.posemb._norm_rotate_cpu_into.default
 
 
 _cpu.on_load(_bind_op)

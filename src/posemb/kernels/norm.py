@@ -187,6 +187,10 @@ def _fake_backward(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, interleaved, nq,
     return side(nq, q), side(nk, k), weight(nqw, qw), weight(nkw, kw)
 
 
+def _fake_into(q, k, q_out, k_out, cos, sin, q_weight, k_weight, eps, interleaved):
+    return None
+
+
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     q, k, cos, sin, qw, kw, eps, interleaved = inputs
     ctx.save_for_backward(q, k, cos, sin, qw, kw)
@@ -218,6 +222,7 @@ def _register() -> None:
     torch.library.register_fake("posemb::norm_rotate_cpu", _fake)
     torch.library.register_fake("posemb::norm_rotate_cpu_", _fake_)
     torch.library.register_fake("posemb::norm_rotate_cpu_backward", _fake_backward)
+    torch.library.register_fake("posemb::_norm_rotate_cpu_into", _fake_into)
     torch.library.register_autograd(
         "posemb::norm_rotate_cpu", _backward, setup_context=_setup_context
     )

@@ -6,7 +6,8 @@
 //   posemb::_rotate_cpu_into(q, k, q_out!, k_out!, ...) -> ()   into given outputs (eager)
 //   posemb::norm_rotate_cpu(q, k, cos, sin, q_weight, k_weight, eps, interleaved) -> (q', k')
 //       RMSNorm of each head (float32 weights, offset applied by the caller) and the rotation
-//       in one pass; norm_rotate_cpu_ in place; norm_rotate_cpu_backward its gradients
+//       in one pass; norm_rotate_cpu_ in place; _norm_rotate_cpu_into into given outputs;
+//       norm_rotate_cpu_backward its gradients
 //
 // Fake implementations and autograd are registered from Python (posemb/kernels/ops.py).
 //
@@ -407,6 +408,23 @@ void norm_rotate_cpu_(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weigh
   norm_into(k, cos, sin, k_weight, eps, k, interleaved);
 }
 
+// Into outputs the caller allocated (the eager path with no autograd, as _rotate_cpu_into):
+// a decode step inside a model calls this once per layer.
+void norm_rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor cos, Tensor sin,
+                          Tensor q_weight, Tensor k_weight, double eps, bool interleaved) {
+  check_norm(q, k, cos, sin, q_weight, k_weight, eps);
+  check_out(q_out, q, "q_out");
+  check_out(k_out, k, "k_out");
+  STD_TORCH_CHECK(!overlap(q_out, k_out) && !overlap(q_out, q) && !overlap(q_out, k) &&
+                      !overlap(k_out, q) && !overlap(k_out, k),
+                  "posemb::_norm_rotate_cpu_into: the outputs must not share memory with each "
+                  "other or with the inputs (norm_rotate_cpu_ works in place)");
+  advise_huge_pages(q_out);
+  advise_huge_pages(k_out);
+  norm_into(q, cos, sin, q_weight, eps, q_out, interleaved);
+  norm_into(k, cos, sin, k_weight, eps, k_out, interleaved);
+}
+
 // The gradients of one side: dx (when need_x) and the weight's dw (when need_w), from the
 // incoming g. The weight's gradient sums over every row: each task keeps its own partial sum
 // in float64 (a fixed number of tasks, so the result does not depend on scheduling), summed
@@ -501,6 +519,9 @@ STABLE_TORCH_LIBRARY(posemb, m) {
       "norm_rotate_cpu_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor q_weight, "
       "Tensor k_weight, float eps, bool interleaved) -> ()");
   m.def(
+      "_norm_rotate_cpu_into(Tensor q, Tensor k, Tensor(a!) q_out, Tensor(b!) k_out, Tensor cos, "
+      "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, bool interleaved) -> ()");
+  m.def(
       "norm_rotate_cpu_backward(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, "
       "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, bool interleaved, bool need_q, "
       "bool need_k, bool need_q_weight, bool need_k_weight) -> (Tensor, Tensor, Tensor, Tensor)");
@@ -513,6 +534,7 @@ STABLE_TORCH_LIBRARY_IMPL(posemb, CPU, m) {
   m.impl("norm_rotate_cpu", TORCH_BOX(&posemb::norm_rotate_cpu));
   m.impl("norm_rotate_cpu_", TORCH_BOX(&posemb::norm_rotate_cpu_));
   m.impl("norm_rotate_cpu_backward", TORCH_BOX(&posemb::norm_rotate_cpu_backward));
+  m.impl("_norm_rotate_cpu_into", TORCH_BOX(&posemb::norm_rotate_cpu_into));
 }
 
 // Plain C, read through ctypes: which variants exist and may run here, which one runs, and
