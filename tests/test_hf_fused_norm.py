@@ -276,7 +276,8 @@ def test_a_no_grad_step_takes_the_direct_op_and_sees_weights_changed_in_place():
     eager = tiny("qwen3")
     fused = copy.deepcopy(eager)
     hf.patch_rotary(fused, fused=True)
-    ids = torch.randint(0, 97, (2, 1), generator=torch.Generator().manual_seed(11))
+    # Five tokens: with one, attention has one key and a rescaled q changes nothing.
+    ids = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
         fused(ids), fused(ids)
         with torch.profiler.profile() as prof:
@@ -286,3 +287,20 @@ def test_a_no_grad_step_takes_the_direct_op_and_sees_weights_changed_in_place():
         for model in (eager, fused):  # an optimiser's step writes the weights in place
             model.model.layers[1].self_attn.q_norm.weight.mul_(1.7)
         torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_swapped_by_data_assignment_or_a_dtype_move_are_read_again():
+    eager = tiny("qwen3")
+    fused = copy.deepcopy(eager)
+    hf.patch_rotary(fused, fused=True)
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        fused(ids), fused(ids)  # the weights' float32 forms are kept
+        for model in (eager, fused):  # no version bump: the memory itself is new
+            w = model.model.layers[0].self_attn.k_norm.weight
+            w.data = w.data * 1.5
+        torch.testing.assert_close(fused(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+        eager, fused = eager.to(torch.bfloat16), fused.to(torch.bfloat16)
+        a, b = fused(ids).logits.float(), eager(ids).logits.float()
+    tol = 16 * TOL[torch.bfloat16]["rtol"] * b.abs().max().item()
+    torch.testing.assert_close(a, b, rtol=0, atol=tol)

@@ -265,12 +265,14 @@ class DerivedRotation:
             return None
         if not (qw.is_cpu and kw.is_cpu) or qw.is_inference() or kw.is_inference():
             return None
+        # Assigning .data (module.to(dtype) does) swaps the memory without a version bump.
+        state = (qw._version, kw._version, qw.data_ptr(), kw.data_ptr(), qw.dtype, kw.dtype, offset)
         held = self._weights.get(id(qw))
         if (
             held is not None
             and held[0] is qw  # it is held, so its id is no other tensor's
             and held[1] is kw
-            and held[2] == (qw._version, kw._version, offset)
+            and held[2] == state
         ):
             return held[3], held[4], eps
         with torch.no_grad():
@@ -278,7 +280,7 @@ class DerivedRotation:
             wk = kw.to(torch.float32) + offset
         if len(self._weights) >= _WEIGHTS_KEPT:
             self._weights.pop(next(iter(self._weights)))
-        self._weights[id(qw)] = (qw, kw, (qw._version, kw._version, offset), wq, wk)
+        self._weights[id(qw)] = (qw, kw, state, wq, wk)
         return wq, wk, eps
 
     def _derive(self, cos: object, sin: object) -> tuple | None:
