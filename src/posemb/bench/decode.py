@@ -43,7 +43,7 @@ from .._extras import require
 from ..kernels.layout import Layout
 from ..rope import RotaryEmbedding
 from .hf import _rounds
-from .kernels import describe_machine, machine
+from .kernels import Machine, bench_device, describe_machine, machine
 
 LAYERS = 32
 HEADS, KV_HEADS, HEAD_DIM, THETA = 32, 8, 128, 500000.0
@@ -56,7 +56,7 @@ CONTROL = "transformers, a second copy"
 
 
 @dataclass
-class DecodeRow:
+class DecodeRow(Machine):
     """One measurement of ``posemb bench --decode``."""
 
     part: str
@@ -70,21 +70,6 @@ class DecodeRow:
     vs_transformers: float | None
     """Median over rounds of transformers' time over this method's (>1: faster)."""
     calls: int
-    device: str
-    device_name: str
-    threads: int
-    torch: str
-    posemb: str
-    transformers: str | None
-    triton: str | None
-    timestamp: str
-    cpu_op: str | None = None
-    arch: str | None = None
-    python: str | None = None
-    rotary_embedding_torch: str | None = None
-    liger_kernel: str | None = None
-    flash_attn: str | None = None
-    absent: str = ""
 
 
 def _layer(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> dict[str, Callable]:
@@ -235,11 +220,7 @@ def run(
     require("transformers", "posemb bench --decode")
     if dtype not in DTYPES:
         raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    dev = bench_device(device)
     if dev.type == "cpu":
         kernels.cpu.load()
     meta = machine(dev)

@@ -36,7 +36,7 @@ from torch import nn
 
 from .._errors import InputError
 from .._extras import require
-from .kernels import MACHINE_FIELDS, Row, describe_machine, machine
+from .kernels import MACHINE_FIELDS, Row, bench_device, describe_machine, machine
 
 PARTS = ("decoder layer", "model", "rotation")
 METHODS = ("eager", "patch_rotary", "patch_rotary fused", "liger")
@@ -297,11 +297,7 @@ def run(
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dtype not in dtypes:
         raise InputError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    dev = bench_device(device)
     setup = QUICK if quick else Setup()
     from transformers import LlamaForCausalLM
 

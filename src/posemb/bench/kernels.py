@@ -85,6 +85,29 @@ class Row:
     """The peer libraries not installed in this run (so their methods have no rows)."""
 
 
+@dataclass(kw_only=True)
+class Machine:
+    """Where and when a measurement ran (:func:`machine`'s keys), as fields of the rows of the
+    benches added after 0.2 (``--decode``, ``--norm``); keyword-only, so a row's own fields
+    keep their positions."""
+
+    device: str
+    device_name: str
+    threads: int
+    torch: str
+    posemb: str
+    transformers: str | None
+    triton: str | None
+    timestamp: str
+    cpu_op: str | None = None
+    arch: str | None = None
+    python: str | None = None
+    rotary_embedding_torch: str | None = None
+    liger_kernel: str | None = None
+    flash_attn: str | None = None
+    absent: str = ""
+
+
 # The columns added in 0.2 (the machine in full): a CSV written before them has none of them.
 MACHINE_FIELDS = (
     "arch", "python", "rotary_embedding_torch", "liger_kernel", "flash_attn", "absent"
@@ -97,6 +120,15 @@ PEERS = {
     "liger_kernel": "liger-kernel",
     "flash_attn": "flash-attn",
 }
+
+
+def bench_device(device: str) -> torch.device:
+    """``device`` as a torch.device a bench can time on ("cpu", or "cuda" where present)."""
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available here")
+    return torch.device(device)
 
 
 def _sync(device: torch.device) -> None:
@@ -331,11 +363,7 @@ def run(
         shapes: subset of :data:`SHAPES` names.
         progress: called with a line per measurement.
     """
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    dev = bench_device(device)
     table = QUICK_SHAPES if quick else SHAPES
     names = shapes or list(table)
     for n in names:

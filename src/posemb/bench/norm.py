@@ -28,11 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
-from .._errors import InputError
 from ..kernels.reference import apply_rope
 from ..rope import RotaryEmbedding
 from .hf import _rounds
-from .kernels import describe_machine, machine
+from .kernels import Machine, bench_device, describe_machine, machine
 
 SHAPE_Q, SHAPE_K = (4, 32, 2048, 128), (4, 8, 2048, 128)
 QUICK_Q, QUICK_K = (1, 4, 64, 64), (1, 2, 64, 64)
@@ -42,7 +41,7 @@ TWO_STEP = "rms_norm + rotate"
 
 
 @dataclass
-class NormRow:
+class NormRow(Machine):
     """One measurement of ``posemb bench --norm``."""
 
     shape: str
@@ -60,21 +59,6 @@ class NormRow:
     two steps forward+backward), median over rounds."""
     compared_with: str | None
     first_call_ms: float
-    device: str
-    device_name: str
-    threads: int
-    torch: str
-    posemb: str
-    transformers: str | None
-    triton: str | None
-    timestamp: str
-    cpu_op: str | None = None
-    arch: str | None = None
-    python: str | None = None
-    rotary_embedding_torch: str | None = None
-    liger_kernel: str | None = None
-    flash_attn: str | None = None
-    absent: str = ""
 
 
 def _methods(q, k, cos, sin, qw, kw) -> dict[str, Callable[..., tuple]]:
@@ -131,11 +115,7 @@ def run(
         repeats: rounds per measurement (default 7 on CPU, 30 on GPU).
         progress: called with a line per measurement.
     """
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    dev = bench_device(device)
     meta = machine(dev)
     shape_q, shape_k = (QUICK_Q, QUICK_K) if quick else (SHAPE_Q, SHAPE_K)
     reps = repeats or (2 if quick else (7 if dev.type == "cpu" else 30))

@@ -29,6 +29,14 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 
 from .. import _checks
+from .._checks import (  # bound once: DerivedRotation makes _checks.tracing()'s test inline
+    _FAKE_MODE,
+    _PROXY_MODE,
+    _dispatch_mode,
+    _functorch_level,
+    _is_compiling,
+    _jit_tracing,
+)
 from . import cpu as _cpu
 
 Signature = tuple[object, ...]
@@ -310,12 +318,6 @@ class DerivedRotation:
         return {**self.__dict__, "_entry": None, "_weights": {}}  # a copy derives its own
 
 
-_is_compiling = torch.compiler.is_compiling
-_functorch_level = torch._C._functorch.maybe_current_level
-_dispatch_mode = torch._C._get_dispatch_mode
-_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
-_PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
-_jit_tracing = torch._C._is_tracing
 _rotate_into: Callable[..., None] | None = None
 
 

@@ -73,17 +73,6 @@ def _weight(name: str, w: object, x: Tensor) -> Tensor:
     return w
 
 
-def _eps(eps: object) -> float:
-    if (
-        isinstance(eps, bool)
-        or not isinstance(eps, (int, float))
-        or not math.isfinite(eps)
-        or eps <= 0
-    ):
-        raise InputError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
-
-
 def _offset(weight_offset: object) -> float:
     if (
         isinstance(weight_offset, bool)
@@ -133,7 +122,8 @@ def norm_rotate(
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
     qw, kw = _weight("q_weight", q_weight, q), _weight("k_weight", k_weight, k)
-    eps_, offset = _eps(eps), _offset(weight_offset)
+    eps_ = _checks.number("eps", eps, minimum=0.0, strict=True)
+    offset = _offset(weight_offset)
     lay = as_layout(layout)
     which = _pick_backend(backend, q, cos, sin)
     _refuse_inplace_grad(inplace, q, k, cos, sin, qw, kw)

@@ -32,16 +32,13 @@ def _parts(X, off, first, second, tail, mask, tail_mask):
 
 
 @triton.jit
-def _norm_rotate_kernel(
-    X, XO, W, COS, SIN,
-    seq_len, half, head_dim, eps,
-    x_sb, x_sh, x_st, o_sb, o_sh, o_st,
-    table_row_stride, table_batch_stride,
-    INTERLEAVED: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+def _program(
+    seq_len, half, head_dim,
+    INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
+    """This program's tokens t, sequence b and head h; the pair index j; the channels of each
+    plane's first and second coordinate and of the tail past the rotary part, with masks."""
     t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -56,6 +53,23 @@ def _norm_rotate_kernel(
         second = first + half
     tail = 2 * half + tl.arange(0, BLOCK_TAIL)[None, :]
     tail_mask = t_mask[:, None] & (tail < head_dim)
+    return t, b, h, j, mask, first, second, tail, tail_mask
+
+
+@triton.jit
+def _norm_rotate_kernel(
+    X, XO, W, COS, SIN,
+    seq_len, half, head_dim, eps,
+    x_sb, x_sh, x_st, o_sb, o_sh, o_st,
+    table_row_stride, table_batch_stride,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+):  # fmt: skip
+    t, b, h, j, mask, first, second, tail, tail_mask = _program(
+        seq_len, half, head_dim, INTERLEAVED, BLOCK_T, BLOCK_N, BLOCK_TAIL
+    )
     off = (b * x_sb + h * x_sh + t * x_st)[:, None]
     a, bb, tt = _parts(X, off, first, second, tail, mask, tail_mask)
     ss = tl.sum(a * a, 1) + tl.sum(bb * bb, 1) + tl.sum(tt * tt, 1)
@@ -87,20 +101,9 @@ def _norm_rotate_backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    t_mask = t < seq_len
-    j = tl.arange(0, BLOCK_N)
-    mask = t_mask[:, None] & (j < half)[None, :]
-    if INTERLEAVED:
-        first = 2 * j[None, :]
-        second = first + 1
-    else:
-        first = j[None, :]
-        second = first + half
-    tail = 2 * half + tl.arange(0, BLOCK_TAIL)[None, :]
-    tail_mask = t_mask[:, None] & (tail < head_dim)
+    t, b, h, j, mask, first, second, tail, tail_mask = _program(
+        seq_len, half, head_dim, INTERLEAVED, BLOCK_T, BLOCK_N, BLOCK_TAIL
+    )
     xa, xb, xt = _parts(X, (b * x_sb + h * x_sh + t * x_st)[:, None], first, second, tail, mask,
                         tail_mask)  # fmt: skip
     ga, gb, gt = _parts(G, (b * g_sb + h * g_sh + t * g_st)[:, None], first, second, tail, mask,
