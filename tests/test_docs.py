@@ -165,66 +165,219 @@ def test_the_cli_page_is_the_parser(site):
         assert f"posemb {name}" in html, name
 
 
-def test_the_site_opens_offline_in_a_browser(site):
-    """Every page from file://: no console error, no request but the site's own files, every
-    link to a page or an anchor of the site resolving, and the lesson loading inside it."""
-    from lesson.test_browser import _browser_or_skip
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium driven by Playwright, launched once for every page this module opens
+    (a second sync_playwright in the same thread would fail)."""
+    from browser import browser_or_skip
 
-    chromium = _browser_or_skip()
+    chromium = browser_or_skip()
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start.
+        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def test_the_site_opens_offline_in_a_browser(site, browser):
+    """Every page from file://: no console error, no request but the site's own files, every
+    link to a page or an anchor of the site resolving, and the lesson loading inside it."""
     # 404.html is for a web server (it links the site's assets from /, wherever it is shown).
     pages = sorted(
         p
         for p in site.rglob("*.html")
         if "lesson" not in p.relative_to(site).parts and p.name != "404.html"
     )
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        context = browser.new_context()
-        page = context.new_page()
-        errors, requests = [], []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: requests.append(r.url))
-        broken = []
-        for path in [*pages, site / "lesson" / "index.html"]:
-            page.goto(path.as_uri())
-            page.wait_for_load_state("load")
-            links = page.evaluate(
-                "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
-            )
-            for href in links:
-                if not href.startswith("file:"):
-                    continue
-                target, _, anchor = href.partition("#")
-                file = pathlib.Path(target.removeprefix("file://"))
-                if file.is_dir():
-                    file = file / "index.html"
-                if not file.exists() or (
-                    anchor and file.suffix == ".html" and f'id="{anchor}"' not in _text(file)
-                ):
-                    broken.append((path.name, href))
-        # The lesson is one of the navigation's entries, on every page.
-        page.goto((site / "index.html").as_uri())
-        page.click("nav >> text=The lesson page")
+    context = browser.new_context()
+    page = context.new_page()
+    errors, requests = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    broken = []
+    for path in [*pages, site / "lesson" / "index.html"]:
+        page.goto(path.as_uri())
         page.wait_for_load_state("load")
-        assert page.url.endswith("lesson/index.html")
-        assert page.locator("section.screen").count() == 9
-        # Search works from disk (the vendored worker shim, the inlined index).
-        page.goto((site / "index.html").as_uri())
-        page.wait_for_timeout(1000)
-        page.keyboard.press("s")
-        page.keyboard.type("rotary_from_config")
-        page.wait_for_timeout(1500)
-        hits = page.locator(".md-search-result__item").count()
-        browser.close()
+        links = page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
+        for href in links:
+            if not href.startswith("file:"):
+                continue
+            target, _, anchor = href.partition("#")
+            file = pathlib.Path(target.removeprefix("file://"))
+            if file.is_dir():
+                file = file / "index.html"
+            if not file.exists() or (
+                anchor and file.suffix == ".html" and f'id="{anchor}"' not in _text(file)
+            ):
+                broken.append((path.name, href))
+    # The lesson is one of the navigation's entries, on every page.
+    page.goto((site / "index.html").as_uri())
+    page.click("nav >> text=The lesson page")
+    page.wait_for_load_state("load")
+    assert page.url.endswith("lesson/index.html")
+    assert page.locator("section.screen").count() == 9
+    # Search works from disk (the vendored worker shim, the inlined index).
+    page.goto((site / "index.html").as_uri())
+    page.wait_for_timeout(1000)
+    page.keyboard.press("s")
+    page.keyboard.type("rotary_from_config")
+    page.wait_for_timeout(1500)
+    hits = page.locator(".md-search-result__item").count()
+    context.close()
     assert not errors, errors[:10]
     assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), [
         u for u in requests if not u.startswith(("file:", "data:", "blob:"))
     ][:10]
     assert not broken, broken[:20]
     assert hits > 0
+
+
+# WCAG 2.1 AA (issue 36). Every page mkdocs builds from docs/ is opened in light and dark mode
+# at 1280 px; the API page (wide signatures and tables) and the front page also at 320 px, the
+# width 1.4.10 Reflow names, in light mode only: the palette does not change with the width, nor
+# the layout with the scheme, and axe takes 10 s over the API page's 23,000 elements. The lesson
+# page inside the site is the lesson tests' to audit, and 404.html is a web server's.
+SITE_PAGES = [p.with_suffix(".html").name for p in PAGES]
+SITE_VIEWS = [(name, scheme, 1280) for name in SITE_PAGES for scheme in ("light", "dark")] + [
+    ("api.html", "light", 320),
+    ("index.html", "light", 320),
+]
+
+
+@pytest.fixture(scope="module", params=SITE_VIEWS, ids=lambda v: "-".join(map(str, v)))
+def site_view(request, site, browser):
+    """One page of the site open in one scheme and width. Module scope: pytest runs every test
+    of a view before opening the next, so each page loads once per view (the API page takes
+    3 s)."""
+    name, scheme, width = request.param
+    context = browser.new_context(color_scheme=scheme, viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.goto((site / name).as_uri())
+    yield page
+    context.close()
+
+
+def test_the_site_passes_axe_wcag_21_aa(site_view):
+    from browser import axe_violations, summary
+
+    violations = axe_violations(site_view)
+    assert not violations, summary(violations)
+
+
+# Every token class the theme colours (material's main.css: Pygments' short names), one line
+# each, and again on a highlighted line (hl_lines), whose background differs. The pages use
+# only some of them; the next page that shows a diff or a shell prompt uses the others.
+_SYNTAX_PROBE = """(classes) => {
+  const line = classes.map((name) => `<span class="${name}">token_${name}</span>`).join('\\n');
+  const block = document.createElement('div');
+  block.className = 'highlight';
+  block.id = 'syntax-probe';
+  block.innerHTML = `<pre><code>${line}\\n<span class="hll">${line}</span></code></pre>`;
+  document.querySelector('.md-content article').append(block);
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_syntax_colour_of_the_site_reads_at_4_5_to_1(site, browser, scheme):
+    from browser import axe_violations, summary
+
+    css = " ".join(_text(f) for f in site.glob("assets/**/*.css"))
+    classes = sorted(set(re.findall(r"\.highlight \.([\w-]+)", css)) - {"hll"})
+    assert len(classes) > 50  # Pygments' tokens, as material names them
+    context = browser.new_context(color_scheme=scheme)
+    page = context.new_page()
+    page.goto((site / "index.html").as_uri())
+    page.evaluate(_SYNTAX_PROBE, classes)
+    violations = axe_violations(page, include="#syntax-probe")
+    context.close()
+    assert not violations, summary(violations)
+
+
+# axe tags these best-practice, so the WCAG run above leaves them out; they are what a screen
+# reader's landmark and dialog lists show (material's table of contents once nested a named
+# <nav> per heading, the same class names twice on the API page, and its search was unnamed).
+_BEST_PRACTICE = """async () => {
+  const rules = axe.getRules(['best-practice']).map(r => r.ruleId)
+    .filter(id => id.startsWith('landmark-') || id === 'aria-dialog-name');
+  return (await axe.run(document, {runOnly: {type: 'rule', values: rules},
+                                   resultTypes: ['violations']})).violations;
+}"""
+
+
+def test_the_sites_landmarks_are_unique_and_its_dialogs_named(site_view):
+    from browser import axe_script, summary
+
+    if not site_view.evaluate("() => typeof window.axe === 'object'"):
+        site_view.add_script_tag(path=str(axe_script()))
+    violations = site_view.evaluate(_BEST_PRACTICE)
+    assert not violations, summary(violations)
+
+
+def test_every_site_page_has_one_h1(site_view):
+    """One h1 per page: the page's title, the top of its outline (index.md had three)."""
+    titles = site_view.locator("h1").all_inner_texts()
+    assert len(titles) == 1, titles
+
+
+# A link in running text must differ from the text by more than colour (1.4.1). Running text:
+# the nearest enclosing block holds text besides the link; headings are titles, not running
+# text (their permalink appears on hover). axe checks this by colour contrast only.
+_PLAIN_LINKS = """() => {
+  const blockOf = (el) => {
+    let e = el.parentElement;
+    while (e && /^(inline|contents)/.test(getComputedStyle(e).display)) e = e.parentElement;
+    return e;
+  };
+  return [...document.querySelectorAll('.md-content a[href]')].filter((a) => {
+    const block = blockOf(a);
+    return a.getClientRects().length && block && !a.closest('h1, h2, h3, h4, h5, h6')
+      && block.textContent.trim() !== a.textContent.trim()
+      && !getComputedStyle(a).textDecorationLine.includes('underline');
+  }).map((a) => a.outerHTML.slice(0, 120));
+}"""
+
+
+def test_links_in_the_sites_running_text_are_underlined(site_view):
+    assert site_view.evaluate(_PLAIN_LINKS) == []
+
+
+# Every dialog's accessible name, as aria-labelledby or aria-label give it.
+_DIALOG_NAMES = """() => [...document.querySelectorAll('[role="dialog"], dialog')].map((d) => {
+  const ids = (d.getAttribute('aria-labelledby') || '').split(/\\s+/).filter(Boolean);
+  const by = ids.map((id) => document.getElementById(id)?.textContent || '').join(' ');
+  return (by || d.getAttribute('aria-label') || '').trim();
+})"""
+
+
+def test_the_sites_search_dialog_is_named(site_view):
+    names = site_view.evaluate(_DIALOG_NAMES)
+    assert names and all(names), names  # material's search is one
+
+
+# What scrolls inside the content (a code block, a wide table, a signature) and does scroll
+# here: each must take the keyboard focus (2.1.1; then the arrow keys scroll it) and show it
+# (2.4.7). Focusing each one after a key press is what a keyboard user's Tab does to it.
+_UNREACHABLE_SCROLLERS = """() => {
+  const bad = [];
+  for (const el of document.querySelectorAll('.md-content *')) {
+    const style = getComputedStyle(el);
+    if (!/auto|scroll/.test(style.overflowX + ' ' + style.overflowY)) continue;
+    if (el.scrollWidth <= el.clientWidth && el.scrollHeight <= el.clientHeight) continue;
+    el.focus();
+    const ring = getComputedStyle(el).outlineStyle;
+    if (el.tabIndex < 0 || document.activeElement !== el || ring === 'none') {
+      bad.push([el.outerHTML.slice(0, 100), el.tabIndex, ring]);
+    }
+  }
+  return bad;
+}"""
+
+
+def test_what_scrolls_in_the_site_takes_the_keyboard_focus(site_view):
+    site_view.keyboard.press("Shift")  # the browser then shows focus as for the Tab key
+    assert site_view.evaluate(_UNREACHABLE_SCROLLERS) == []
 
 
 def test_make_docs_refuses_a_site_folder_holding_a_users_files(tmp_path):

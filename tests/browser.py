@@ -1,0 +1,67 @@
+"""What the browser tests share: Debian's Chromium, and axe-core's WCAG 2.1 A/AA audit.
+
+axe-core is vendored from its npm release in ``tests/vendor/axe-core/`` by
+``scripts/vendor_docs_assets.py`` (checked here against the sha256 recorded there), so the
+audit runs offline and every machine runs the same rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+
+AXE = pathlib.Path(__file__).resolve().parent / "vendor" / "axe-core"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WCAG_21_AA = ("wcag2a", "wcag2aa", "wcag21a", "wcag21aa")
+"""axe's tags for every success criterion of WCAG 2.0 and 2.1 at levels A and AA."""
+
+
+def browser_or_skip() -> str:
+    """The Chromium to drive; skips without it or Playwright (fails under ``CI=true``)."""
+    missing = []
+    if CHROMIUM is None:
+        missing.append("Debian's chromium (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright package")
+    if missing:
+        message = "no browser test without " + " and ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (.ci/run installs them)")
+        pytest.skip(message)
+    assert CHROMIUM is not None
+    return CHROMIUM
+
+
+def axe_script() -> pathlib.Path:
+    """The vendored ``axe.min.js``, after checking it is the recorded release."""
+    record = json.loads((AXE / "VERSION.json").read_text())
+    script = AXE / "axe.min.js"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    assert digest == record["sha256"]["axe.min.js"], "tests/vendor/axe-core was edited"
+    return script
+
+
+def axe_violations(page, include: str | None = None) -> list[dict]:
+    """Every WCAG 2.1 A/AA violation axe-core finds on ``page`` (or inside ``include``, a CSS
+    selector), whatever its impact."""
+    if not page.evaluate("() => typeof window.axe === 'object'"):
+        page.add_script_tag(path=str(axe_script()))
+    return page.evaluate(
+        """async ([include, tags]) => (await axe.run(include ? {include: [include]} : document,
+             {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']})).violations""",
+        [include, list(WCAG_21_AA)],
+    )
+
+
+def summary(violations: list[dict]) -> list[tuple[str, str, int, list]]:
+    """Violations as (rule, help, count, first targets): what an assertion message shows."""
+    return [
+        (v["id"], v["help"], len(v["nodes"]), [n["target"] for n in v["nodes"][:3]])
+        for v in violations
+    ]
