@@ -75,11 +75,12 @@ def draw(summary: dict, out: str) -> list[str]:
 
 def _style(variant: str) -> dict[str, Any]:
     """The variant's look in a matplotlib plot (:mod:`posemb.lab.style`, shared with the
-    lesson's charts): its colour and marker, a dashed line for an inference-time scaling."""
+    lesson's charts): its colour, marker and dash pattern (inference-time scalings are the
+    dashed ones)."""
     from .style import look
 
     v = look(variant)
-    return {"color": v.colour, "marker": v.marker, "ls": "--" if v.dashed else "-"}
+    return {"color": v.colour, "marker": v.marker, "ls": (0, v.dash) if v.dash else "-"}
 
 
 def _merged(series: dict[str, Any]) -> dict[str, tuple[str, Any]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import _extras
+from ..lab import style
 from .measure import EXACT
 
 if TYPE_CHECKING:
@@ -29,19 +30,11 @@ else:
 
     alt = _Altair()
 
-# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour
-# vision deficiency; yellow last because it is faint on white.
-OKABE_ITO = (
-    "#0072B2",
-    "#D55E00",
-    "#009E73",
-    "#CC79A7",
-    "#E69F00",
-    "#56B4E9",
-    "#000000",
-    "#999999",
-    "#F0E442",
-)
+INK = tuple(light for light, _ in style.INK.values())
+"""Okabe & Ito's hues (2008, "Color Universal Design", distinguishable with every common colour
+vision deficiency) at 4.5:1 on the figure card, in their order: blue, vermillion, green, pink,
+orange, sky, black, grey, yellow (:data:`posemb.lab.style.INK`; the page swaps each for its
+dark-mode partner)."""
 
 
 DIVERGING = "blueorange"  # Vega's blue-orange ramp: no red-green contrast
@@ -134,7 +127,7 @@ def inline_data(rows: list[dict[str, object]]) -> alt.Data:
 
 
 def colors(names: Sequence[str]) -> alt.Scale:
-    return alt.Scale(domain=list(names), range=list(OKABE_ITO[: len(names)]))
+    return alt.Scale(domain=list(names), range=list(INK[: len(names)]))
 
 
 def heat(
@@ -224,7 +217,7 @@ def seed_bars(
             color=alt.Color(
                 "above:N",
                 title="every seed above the pass bar",
-                scale=alt.Scale(domain=["yes", "no"], range=[OKABE_ITO[0], OKABE_ITO[7]]),
+                scale=alt.Scale(domain=["yes", "no"], range=[INK[0], INK[7]]),
                 legend=alt.Legend(orient="top"),
             ),
             tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f"), "seeds:Q"],
@@ -237,22 +230,20 @@ def seed_bars(
     )
     seeds = (
         base.transform_filter("datum.kind == 'seed'")
-        .mark_point(aria=False, shape="circle", filled=True, size=30, color=OKABE_ITO[6])
+        .mark_point(aria=False, shape="circle", filled=True, size=30, color=INK[6])
         .encode(y="acc:Q", tooltip=["encoding:N", alt.Tooltip("acc:Q", format=".3f")])
     )
     lines = alt.Chart(inline_data([{"y": rounded(v), "label": t} for v, t in refs])).encode(
         y=alt.Y("y:Q", title=y_title, scale=y_scale)
     )
-    rules = lines.mark_rule(aria=False, strokeDash=[5, 3], color=OKABE_ITO[1]).encode(
-        tooltip=["label:N"]
-    )
+    rules = lines.mark_rule(aria=False, strokeDash=[5, 3], color=INK[1]).encode(tooltip=["label:N"])
     # Labelled beside the plot, where no bar covers them.
     rule_labels = lines.mark_text(
         aria=False,
         align="left",
         baseline="middle",
         dx=6,
-        color=OKABE_ITO[1],
+        color=INK[1],
         fontSize=12,
     ).encode(x=alt.value({"expr": "width"}), text="label:N")
     layers = [rules, rule_labels]
@@ -263,7 +254,7 @@ def seed_bars(
         layers.append(base.mark_tick(aria=False, opacity=0).encode(y=alt.datum(0)))
         layers.append(
             alt.Chart(inline_data([{"t": "not measured in this build"}]))
-            .mark_text(aria=False, fontSize=16, color=OKABE_ITO[6])
+            .mark_text(aria=False, fontSize=16, color=INK[6])
             .encode(x=alt.value({"expr": "width / 2"}), y=alt.value(30), text="t:N")
         )
     return alt.layer(*layers, data=rows_source()).properties(width=width, height=260)

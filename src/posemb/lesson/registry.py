@@ -278,10 +278,15 @@ def make_figure(
         raise InputError(f"{id}: control ids must be unique and not {id}-view, got {ids}")
     states: dict[str, object] = {}
     readouts: dict[str, str] = {}
-    for combo in itertools.product(*(c.values for c in controls)):
+    combos = list(itertools.product(*(c.values for c in controls)))
+    for combo in combos:
         content, readout = draw(*combo)
         states[state_key(combo)] = content
         readouts[state_key(combo)] = readout
+    readouts = _announced(controls, combos, readouts)
+    if kind == "vega":
+        for key, spec in states.items():
+            states[key] = described(spec, alt_text, readouts[key])
     return Figure(
         id=id,
         screen=screen.number if isinstance(screen, Screen) else screen,
@@ -294,6 +299,45 @@ def make_figure(
         readouts=readouts,
         controls=tuple(controls),
     )
+
+
+def _announced(
+    controls: Sequence[Control], combos: list[tuple[str, ...]], readouts: dict[str, str]
+) -> dict[str, str]:
+    """The readouts, each led by the value of every control that can change the picture but
+    not the readout: the readout is the live region a screen reader hears when a control
+    moves, and a move it does not announce leaves a listener with a figure changed unheard."""
+    silent = [
+        i
+        for i, c in enumerate(controls)
+        if any(
+            a[:i] == b[:i] and a[i + 1 :] == b[i + 1 :] and a[i] != b[i]
+            and readouts[state_key(a)] == readouts[state_key(b)]
+            for a in combos
+            for b in combos
+        )
+    ]  # fmt: skip
+    if not silent:
+        return readouts
+    out = {}
+    for combo in combos:
+        lead = "; ".join(f"{controls[i].label}: {combo[i]}" for i in silent)
+        out[state_key(combo)] = f"{lead}. {readouts[state_key(combo)]}"
+    return out
+
+
+def described(spec: object, alt_text: str, readout: str) -> dict[str, Any]:
+    """A Vega-Lite state with its text alternative: ``description`` (which Vega writes as the
+    chart's ``aria-label``) is the alt text and what this state shows, and no mark, axis or
+    legend is exposed to assistive technology (each tick label would be read out, one by one,
+    after it; page.js also hides the drawn chart, facet headers included). The values a
+    sighted reader hovers for are in the figure's data table."""
+    if not isinstance(spec, dict):
+        raise TypeError("a vega state must be a spec (dict)")
+    out = dict(spec)
+    out["description"] = f"{alt_text} Shown: {readout}"
+    out["config"] = {**out.get("config", {}), "aria": False}
+    return out
 
 
 Builder = Callable[..., Figure]
@@ -405,6 +449,7 @@ __all__ = [
     "Result",
     "Screen",
     "claim",
+    "described",
     "exercise",
     "exercises",
     "figure",

@@ -448,11 +448,11 @@ def _causal_chart(t: int) -> alt.TopLevelMixin:
     uniform = alt.Chart(
         charts.inline_data([{"w": charts.rounded(1 / t), "label": f"1/{t}: every key alike"}])
     ).encode(y="w:Q")
-    rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+    rule = uniform.mark_rule(aria=False, strokeDash=[4, 4], color=charts.INK[7]).encode(
         tooltip=["label:N"]
     )
     label = uniform.mark_text(
-        aria=False, align="right", baseline="bottom", dy=-2, color="gray", fontSize=12
+        aria=False, align="right", baseline="bottom", dy=-2, color=charts.INK[7], fontSize=12
     ).encode(x=alt.value({"expr": "width"}), text="label:N")
     return (bars + rule + label).properties(width=charts.WIDE - 300, height=240)
 

@@ -270,9 +270,7 @@ def _cosine_chart(rows: list[dict[str, object]], sigma: float, n: int) -> alt.La
     base = alt.Chart(charts.rows_source())
     bars = (
         base.transform_filter("datum.kind == 'bar'")
-        .mark_bar(
-            aria=False, color=charts.OKABE_ITO[0], opacity=0.85, stroke="white", strokeWidth=0.3
-        )
+        .mark_bar(aria=False, color=charts.INK[0], opacity=0.85, stroke="white", strokeWidth=0.3)
         .encode(
             x=alt.X(
                 "lo:Q",
@@ -296,7 +294,7 @@ def _cosine_chart(rows: list[dict[str, object]], sigma: float, n: int) -> alt.La
     )
     curve = (
         base.transform_filter("datum.kind == 'curve'")
-        .mark_line(aria=False, color=charts.OKABE_ITO[1], strokeWidth=2)
+        .mark_line(aria=False, color=charts.INK[1], strokeWidth=2)
         .encode(x="x:Q", y="f:Q")
     )
     sd = alt.Chart(
@@ -307,7 +305,7 @@ def _cosine_chart(rows: list[dict[str, object]], sigma: float, n: int) -> alt.La
             ]
         )
     ).encode(x="x:Q")
-    rules = sd.mark_rule(aria=False, strokeDash=[4, 3], color=charts.OKABE_ITO[6]).encode(
+    rules = sd.mark_rule(aria=False, strokeDash=[4, 3], color=charts.INK[6]).encode(
         tooltip=["tip:N", "x:Q"]
     )
     labels = sd.mark_text(aria=False, align="left", dx=3, baseline="top", y=2, fontSize=12).encode(

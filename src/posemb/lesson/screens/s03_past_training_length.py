@@ -204,7 +204,7 @@ def _race_svg(race: str, miles: tuple[int, int]) -> tuple[str, str, float]:
     for j, mile in enumerate(miles):
         x, shirt = 60 + 150 * j, _jersey(mile)
         shirts.append(shirt or f"mile {mile}: no shirt")
-        colour = charts.OKABE_ITO[j]
+        colour = charts.INK[j]
         body.append(
             f'<rect x="{x - 45}" y="50" width="90" height="110" rx="18" fill="none" '
             f'stroke="{colour}" stroke-width="3" stroke-dasharray="{"" if shirt else "6 4"}"/>'
@@ -298,7 +298,7 @@ def fig_learned_no_row(summary: dict[str, Any]) -> Figure:
         missing = (
             base.transform_filter("datum.row != 'has a row'")
             .mark_point(aria=False, shape="cross", size=60, filled=True)
-            .encode(y=alt.datum(0), color=alt.value(charts.OKABE_ITO[1]))
+            .encode(y=alt.datum(0), color=alt.value(charts.INK[1]))
         )
         chart = (bars + missing).properties(width=charts.WIDE - 140, height=200)
         v = looked[pick]
@@ -345,16 +345,14 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
         bars = (
             alt.Chart()
             .transform_filter("datum.grad > 0")
-            .mark_bar(aria=False, color=charts.OKABE_ITO[0])
+            .mark_bar(aria=False, color=charts.INK[0])
             .encode(x=x, y=alt.Y("grad:Q", title="gradient norm"), tooltip=tip)
         )
         # A zero bar has no height: rows without gradient get a marker on the axis.
         zeros = (
             alt.Chart()
             .transform_filter("datum.grad == 0")
-            .mark_point(
-                aria=False, shape="diamond", filled=True, size=40, color=charts.OKABE_ITO[1]
-            )
+            .mark_point(aria=False, shape="diamond", filled=True, size=40, color=charts.INK[1])
             .encode(x=x, y="grad:Q", tooltip=tip)
         )
         top = charts.rounded(float(norms.max()))
@@ -373,7 +371,7 @@ def fig_learned_gradients(summary: dict[str, Any]) -> Figure:
                     ]
                 )
             )
-            .mark_text(aria=False, fontSize=13, color=charts.OKABE_ITO[1])
+            .mark_text(aria=False, fontSize=13, color=charts.INK[1])
             .encode(x=alt.X("row:O"), y="y:Q", text="label:N")
         )
         chart = alt.layer(bars, zeros, notes, data=charts.rows_source()).properties(
@@ -416,6 +414,41 @@ def _encoding_colours(variants: Sequence[str]) -> tuple[alt.Scale, alt.Color]:
     return scale, alt.Color("variant:N", title="encoding", scale=scale, legend=legend)
 
 
+def _encoding_marks(variants: Sequence[str], legend: bool) -> dict[str, Any]:
+    """The other two channels of a variant's look, so that colour never tells lines apart
+    alone: its dash pattern (in the colour's legend, titled "encoding", or in none where the
+    lines are named at their ends) and its points' shape."""
+    shown = {"title": "encoding"} if legend else {"legend": None}
+    domain = list(variants)
+    dashes = [list(look(v).dash) or [1, 0] for v in variants]
+    shapes = [look(v).shape for v in variants]
+    return {
+        "strokeDash": alt.StrokeDash(
+            "variant:N", scale=alt.Scale(domain=domain, range=dashes), **shown
+        ),
+        # The legend's symbols are strokes (they show the dash); a shape would replace them.
+        "shape": alt.Shape("variant:N", scale=alt.Scale(domain=domain, range=shapes), legend=None),
+    }
+
+
+def _end_labels(rows: list[dict[str, object]], domain: list[float], height: int) -> list[dict]:
+    """Each line's name at its last point, nudged apart to one 14 px text line each (two lines
+    that end together would print their names over each other)."""
+    last: dict[str, dict[str, object]] = {}
+    for r in rows:
+        last[str(r["variant"])] = r  # rows go by length within a variant
+    gap = 14 * (domain[1] - domain[0]) / height
+    ends = sorted(last.values(), key=lambda r: float(str(r["loss"])))
+    placed: list[float] = []
+    for r in ends:
+        y = float(str(r["loss"]))
+        placed.append(y if not placed else max(y, placed[-1] + gap))
+    return [
+        {"variant": r["variant"], "length": r["length"], "y": charts.rounded(y)}
+        for r, y in zip(ends, placed, strict=True)
+    ]
+
+
 def _loss_at(lab: LabSummary, variant: str, n: int, part: str) -> tuple[float, float, int] | None:
     """(mean, std, seeds) of ``variant``'s loss at ``n``; at the training length nothing lies
     past it, so the curve of the loss past it starts from the loss within."""
@@ -453,15 +486,16 @@ def _loss_chart(
     lens, unigram, train_len = lab.eval_lens, lab.unigram, lab.train_len
     lo = min([float(str(r["lo"])) for r in rows] + [unigram])
     hi = max([float(str(r["hi"])) for r in rows] + [unigram])
-    y_scale = alt.Scale(domain=[math.floor(lo * 10 - 1) / 10, math.ceil(hi * 10 + 1) / 10])
+    domain = [math.floor(lo * 10 - 1) / 10, math.ceil(hi * 10 + 1) / 10]
+    y_scale = alt.Scale(domain=domain)
     x = alt.X(
         "length:Q",
         title="evaluation length (tokens)",
         scale=alt.Scale(type="log", base=2),
-        axis=alt.Axis(values=lens),
+        axis=alt.Axis(values=lens, labelFlush=True),
     )
-    colors, line_colour = _encoding_colours(variants)
-    # The band takes no legend: its swatches would be the band's pale fill.
+    colors, _ = _encoding_colours(variants)
+    # No legend: each line is named at its end, where a reader's eye already is.
     band = (
         alt.Chart(charts.rows_source())
         .mark_area(aria=False, opacity=0.15)
@@ -474,11 +508,14 @@ def _loss_chart(
     )
     line = (
         alt.Chart(charts.rows_source())
-        .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50))
+        .mark_line(
+            aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50, filled=True)
+        )
         .encode(
             x=x,
             y=alt.Y("loss:Q", title="loss (nats/char)", scale=y_scale),
-            color=line_colour,
+            color=alt.Color("variant:N", scale=colors, legend=None),
+            **_encoding_marks(variants, legend=False),
             tooltip=[
                 "variant:N",
                 "length:Q",
@@ -488,30 +525,42 @@ def _loss_chart(
             ],
         )
     )
-    label = f"unigram entropy {unigram:.2f} (ignores context)"
+    # Short enough to fit a 320 px screen's plot (screen 3's terms say what it is).
+    label = f"unigram entropy {unigram:.2f}"
     marks = alt.Chart(
         charts.inline_data([{"y": charts.rounded(unigram), "x": lens[-1], "label": label}])
     )
-    rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+    rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color=charts.INK[7]).encode(
         y="y:Q", tooltip=["label:N", "y:Q"]
     )
     rule_label = marks.mark_text(
-        aria=False, align="right", baseline="bottom", dy=-3, color="gray", fontSize=12
+        aria=False, align="right", baseline="bottom", dy=-3, color=charts.INK[7], fontSize=12
     ).encode(y="y:Q", x="x:Q", text="label:N")
     trained = alt.Chart(
         charts.inline_data([{"x": train_len, "label": f"trained at {train_len}"}])
     ).encode(x=alt.X("x:Q"))
-    train_rule = trained.mark_rule(aria=False, color=charts.OKABE_ITO[6], strokeDash=[2, 2]).encode(
+    train_rule = trained.mark_rule(aria=False, color=charts.INK[6], strokeDash=[2, 2]).encode(
         tooltip=["label:N"]
     )
     train_label = trained.mark_text(
         aria=False, align="left", baseline="top", dx=4, y=4, fontSize=12
     ).encode(text="label:N")
-    return (
-        (band + train_rule + train_label + rule + rule_label + line)
-        .resolve_legend(color="independent")
-        .properties(width=charts.WIDE - 130, height=300)
+    names = (
+        alt.Chart(charts.inline_data(_end_labels(rows, domain, LOSS_HEIGHT)))
+        .mark_text(aria=False, align="left", baseline="middle", dx=9, fontSize=12)
+        .encode(
+            x=x,
+            y=alt.Y("y:Q", scale=y_scale),
+            text="variant:N",
+            color=alt.Color("variant:N", scale=colors, legend=None),
+        )
     )
+    return (band + train_rule + train_label + rule + rule_label + line + names).properties(
+        width=charts.WIDE - 150, height=LOSS_HEIGHT
+    )
+
+
+LOSS_HEIGHT = 300
 
 
 @figure("fig-lab-loss")
@@ -586,7 +635,7 @@ def _retrieval_x(view: str, train_len: int, lens: list[int], bins: list[str]) ->
             "x:Q",
             title=f"window length (tokens; trained at {train_len})",
             scale=alt.Scale(type="log", base=2),
-            axis=alt.Axis(values=lens),
+            axis=alt.Axis(values=lens, labelFlush=True),
         )
     return alt.X(
         "x:O",
@@ -610,11 +659,14 @@ def _retrieval_chart(
     )
     line = (
         alt.Chart(charts.rows_source())
-        .mark_line(aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50))
+        .mark_line(
+            aria=False, strokeWidth=2.5, point=alt.OverlayMarkDef(aria=False, size=50, filled=True)
+        )
         .encode(
             x=x,
             y=y,
             color=line_colour,
+            **_encoding_marks(variants, legend=True),
             tooltip=[
                 "variant:N",
                 alt.Tooltip("x:N", title=view),
@@ -624,11 +676,11 @@ def _retrieval_chart(
         )
     )
     marks = alt.Chart(charts.inline_data([{"y": chance, "label": f"chance {chance:.3f}"}]))
-    rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+    rule = marks.mark_rule(aria=False, strokeDash=[4, 4], color=charts.INK[7]).encode(
         y="y:Q", tooltip=["label:N", "y:Q"]
     )
     rule_label = marks.mark_text(
-        aria=False, align="left", baseline="bottom", dy=-3, x=4, color="gray", fontSize=12
+        aria=False, align="left", baseline="bottom", dy=-3, x=4, color=charts.INK[7], fontSize=12
     ).encode(y="y:Q", text="label:N")
     # The x axis starts at the training length and its title names it: no rule there.
     layers = band + rule + rule_label + line

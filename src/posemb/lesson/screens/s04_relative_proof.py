@@ -109,14 +109,13 @@ def fig_dials_mn(summary: dict[str, Any]) -> Figure:
         between = math.degrees((aq - ak) % (2 * math.pi))
         body = [
             diagrams.dial_face(cx, cy, r),
-            diagrams.arc(cx, cy, 30, ak, aq if aq > ak else aq + 2 * math.pi, charts.OKABE_ITO[2]),
-            diagrams.hand(cx, cy, r, aq, charts.OKABE_ITO[0]),
-            diagrams.hand(cx, cy, r * 0.75, ak, charts.OKABE_ITO[1]),
-            f'<text x="250" y="40" fill="{charts.OKABE_ITO[0]}">query R_m q, m = {m}</text>',
-            f'<text x="250" y="60" fill="{charts.OKABE_ITO[1]}">key R_n k, n = {n}</text>',
+            diagrams.arc(cx, cy, 30, ak, aq if aq > ak else aq + 2 * math.pi, charts.INK[2]),
+            diagrams.hand(cx, cy, r, aq, charts.INK[0]),
+            diagrams.hand(cx, cy, r * 0.75, ak, charts.INK[1]),
+            f'<text x="250" y="40" fill="{charts.INK[0]}">query R_m q, m = {m}</text>',
+            f'<text x="250" y="60" fill="{charts.INK[1]}">key R_n k, n = {n}</text>',
             f'<text x="250" y="90">m - n = {m - n}</text>',
-            f'<text x="250" y="110" fill="{charts.OKABE_ITO[2]}">'
-            f"angle between {between:.1f}°</text>",
+            f'<text x="250" y="110" fill="{charts.INK[2]}">angle between {between:.1f}°</text>',
             f'<text x="250" y="130">logit = {logit:.4f}</text>',
             f'<text x="250" y="160">q = k = {diagrams.vec(q)}</text>',
         ]

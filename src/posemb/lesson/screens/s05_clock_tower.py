@@ -125,7 +125,7 @@ def fig_pair_dials(summary: dict[str, Any]) -> Figure:
                 f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="none" stroke="currentColor" '
                 f'stroke-opacity="0.5"/>'
             )
-            body.append(diagrams.hand(cx, cy, r - 3, ang, charts.OKABE_ITO[0], width=2.5))
+            body.append(diagrams.hand(cx, cy, r - 3, ang, charts.INK[0], width=2.5))
         rows = -(-len(a) // per_row)
         body.append(
             f'<text x="4" y="{rows * gap + 30}">pair 0 top left, pair '
@@ -188,15 +188,13 @@ def fig_toy_trace(summary: dict[str, Any]) -> Figure:
         body = [diagrams.dial_face(cx, cy, r)]
         if i >= 3:
             body.append(
-                diagrams.arc(
-                    cx, cy, 34, diagrams.angle(kv), diagrams.angle(qv), charts.OKABE_ITO[2]
-                )
+                diagrams.arc(cx, cy, 34, diagrams.angle(kv), diagrams.angle(qv), charts.INK[2])
             )
-        body.append(diagrams.hand(cx, cy, r, diagrams.angle(qv), charts.OKABE_ITO[0]))
-        body.append(diagrams.hand(cx, cy, r * 0.8, diagrams.angle(kv), charts.OKABE_ITO[1]))
+        body.append(diagrams.hand(cx, cy, r, diagrams.angle(qv), charts.INK[0]))
+        body.append(diagrams.hand(cx, cy, r * 0.8, diagrams.angle(kv), charts.INK[1]))
         lines = [
-            (charts.OKABE_ITO[0], f"q = {diagrams.vec(qv)}"),
-            (charts.OKABE_ITO[1], f"k = {diagrams.vec(kv)}"),
+            (charts.INK[0], f"q = {diagrams.vec(qv)}"),
+            (charts.INK[1], f"k = {diagrams.vec(kv)}"),
             ("currentColor", "theta = pi/4 per step"),
         ]
         readout = [

@@ -127,27 +127,27 @@ def _shift_svg(pair: int, k: int, omega: float, angles: tuple[float, float], vie
     cx, cy, r = 150, 150, 110
     a0, a1 = angles
     turn = a1 if a1 >= a0 else a1 + 2 * math.pi
-    arc = diagrams.arc(cx, cy, 45, a0, turn, charts.OKABE_ITO[2])
+    arc = diagrams.arc(cx, cy, 45, a0, turn, charts.INK[2])
     if view == SHIFT_VIEWS[0]:
         hands = [
-            diagrams.hand(cx, cy, r, a0, charts.OKABE_ITO[0]),
-            diagrams.hand(cx, cy, r, a1, charts.OKABE_ITO[1]),
+            diagrams.hand(cx, cy, r, a0, charts.INK[0]),
+            diagrams.hand(cx, cy, r, a1, charts.INK[1]),
         ]
         lines = [
-            (charts.OKABE_ITO[0], f"PE(p) at p = {SHIFT_P}: angle p·ω"),
-            (charts.OKABE_ITO[1], f"PE(p + k) at p + k = {SHIFT_P + k}"),
-            (charts.OKABE_ITO[2], f"the shift: a turn by k·ω = {k * omega:.4f} rad"),
+            (charts.INK[0], f"PE(p) at p = {SHIFT_P}: angle p·ω"),
+            (charts.INK[1], f"PE(p + k) at p + k = {SHIFT_P + k}"),
+            (charts.INK[2], f"the shift: a turn by k·ω = {k * omega:.4f} rad"),
             ("currentColor", "the same turn at every p: PE(p + k) = R(kω) PE(p)"),
         ]
     else:
         hands = [
-            diagrams.hand(cx, cy, r, a1, charts.OKABE_ITO[0]),
-            diagrams.hand(cx, cy, r * 0.75, a0, charts.OKABE_ITO[1]),
+            diagrams.hand(cx, cy, r, a1, charts.INK[0]),
+            diagrams.hand(cx, cy, r * 0.75, a0, charts.INK[1]),
         ]
         lines = [
-            (charts.OKABE_ITO[0], f"q turned to m = {SHIFT_P + k}: R_m q"),
-            (charts.OKABE_ITO[1], f"k turned to n = {SHIFT_P}: R_n k"),
-            (charts.OKABE_ITO[2], f"between them: (m - n)·ω = {k * omega:.4f} rad"),
+            (charts.INK[0], f"q turned to m = {SHIFT_P + k}: R_m q"),
+            (charts.INK[1], f"k turned to n = {SHIFT_P}: R_n k"),
+            (charts.INK[2], f"between them: (m - n)·ω = {k * omega:.4f} rad"),
             ("currentColor", "RoPE: the same rotation, on q and k (screen 4's dials)"),
         ]
     text = "".join(
@@ -268,7 +268,7 @@ def _wave_chart(n: int, header: str) -> alt.TopLevelMixin:
     band = (
         alt.Chart()
         .transform_filter("datum.k == 'band'")
-        .mark_area(aria=False, color=charts.OKABE_ITO[7], opacity=0.35)
+        .mark_area(aria=False, color=charts.INK[7], opacity=0.35)
         .encode(x=x, y="lo:Q", y2="hi:Q", tooltip=["pair:N", "note:N"])
     )
     note = (

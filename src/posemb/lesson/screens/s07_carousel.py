@@ -247,7 +247,7 @@ WHERE_MODES = ("RoPE", "absolute (sinusoidal or learned)")
 
 def _box(x: float, y: float, w: float, h: float, text: str, *, on: bool = False) -> str:
     """A labelled box of the network diagram; ``on`` marks where position enters."""
-    colour = charts.OKABE_ITO[1] if on else "currentColor"
+    colour = charts.INK[1] if on else "currentColor"
     width = 3 if on else 1.2
     return (
         f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="none" '
@@ -553,11 +553,11 @@ def _scaling_chart(rows: Sequence[Mapping[str, object]]) -> alt.TopLevelMixin:
     trained = alt.Chart(
         charts.inline_data([{"y": SCALING_LEN, "label": f"trained length {SCALING_LEN:,} tokens"}])
     ).encode(y="y:Q")
-    rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+    rule = trained.mark_rule(aria=False, strokeDash=[4, 4], color=charts.INK[7]).encode(
         tooltip=["label:N"]
     )
     label = trained.mark_text(
-        aria=False, align="left", baseline="bottom", dx=4, dy=-3, color="gray", fontSize=12
+        aria=False, align="left", baseline="bottom", dx=4, dy=-3, color=charts.INK[7], fontSize=12
     ).encode(x=alt.datum(0), text="label:N")
     return (
         (lines + rule + label)

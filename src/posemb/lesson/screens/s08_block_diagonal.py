@@ -277,7 +277,7 @@ def fig_givens(summary: dict[str, Any]) -> Figure:
         )
         outline = (
             alt.Chart(blocks)
-            .mark_rect(aria=False, fill=None, stroke=charts.OKABE_ITO[6], strokeWidth=1.5)
+            .mark_rect(aria=False, fill=None, stroke=charts.INK[6], strokeWidth=1.5)
             .encode(x="column:O", y="row:O", tooltip=["pair:N"])
         )
         chart = heat + outline
@@ -407,12 +407,12 @@ def fig_periods(summary: dict[str, Any]) -> Figure:
         refs = alt.Chart(
             charts.inline_data([{"label": k, "period": v} for k, v in LESSON_PERIODS.items()])
         ).encode(y="period:Q")
-        rules = refs.mark_rule(aria=False, color=charts.OKABE_ITO[1], strokeDash=[5, 3]).encode(
+        rules = refs.mark_rule(aria=False, color=charts.INK[1], strokeDash=[5, 3]).encode(
             tooltip=["label:N"]
         )
-        labels = refs.mark_text(
-            aria=False, align="left", dx=4, dy=-6, color=charts.OKABE_ITO[1]
-        ).encode(text="label:N", x=alt.datum(0))
+        labels = refs.mark_text(aria=False, align="left", dx=4, dy=-6, color=charts.INK[1]).encode(
+            text="label:N", x=alt.datum(0)
+        )
         chart = (points + rules + labels).properties(width=charts.WIDE - 140, height=240)
         return charts.spec(chart, rows), (
             f"{len(lam)} pairs; fastest: {float(lam[0]):.6f} steps per turn; slowest: "

@@ -189,13 +189,11 @@ def fig_param_counts(summary: dict[str, Any]) -> Figure:
             ),
             tooltip=["encoding:N", alt.Tooltip("extra:Q", format=",")],
         )
-        bars = base.mark_bar(aria=False, color=charts.OKABE_ITO[0]).encode(
+        bars = base.mark_bar(aria=False, color=charts.INK[0]).encode(
             x=alt.X("extra:Q", title=f"parameters beyond NoPE's {nope:,}")
         )
         # A bar of 0 (or 512 beside 131,072) has no width to see: every bar says its number.
-        zero = base.mark_tick(aria=False, color=charts.OKABE_ITO[0], thickness=2).encode(
-            x=alt.datum(0)
-        )
+        zero = base.mark_tick(aria=False, color=charts.INK[0], thickness=2).encode(x=alt.datum(0))
         values = base.mark_text(aria=False, align="left", dx=5, fontSize=12).encode(
             x="extra:Q", text="label:N"
         )
@@ -307,11 +305,11 @@ def _recent_chart(
         x="value:Q", text="label:N"
     )
     marks = alt.Chart(charts.inline_data([{"x": v, "label": t} for v, t in refs]))
-    rules = marks.mark_rule(aria=False, strokeDash=[4, 4], color="gray").encode(
+    rules = marks.mark_rule(aria=False, strokeDash=[4, 4], color=charts.INK[7]).encode(
         x="x:Q", tooltip=["label:N", "x:Q"]
     )
     rule_labels = marks.mark_text(
-        aria=False, align="left", baseline="top", dx=3, y=-14, color="gray", fontSize=11
+        aria=False, align="left", baseline="top", dx=3, y=-14, color=charts.INK[7], fontSize=11
     ).encode(x="x:Q", text="label:N")
     layers = alt.layer(spread, dots, values, data=charts.rows_source()) + rules + rule_labels
     return layers.properties(width=charts.WIDE - 220, height=26 * len(variants))
