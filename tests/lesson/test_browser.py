@@ -222,6 +222,12 @@ def test_a_phone_sized_window_scrolls_only_down_and_keeps_text_readable(
         assert scroll == width, scroll
         violations = axe_violations(page)
         assert not violations, summary(violations)
+        # A narrowed chart keeps the ends of its axis (the lab's longest length was dropped).
+        ticks = page.evaluate(
+            "() => [...document.querySelectorAll('#fig-lab-loss-view .role-axis-label text')]"
+            ".filter(t => t.getAttribute('opacity') !== '0').map(t => t.textContent)"
+        )
+        assert {"64", "1,024"} <= set(ticks), ticks
         small = page.evaluate(
             """() => [...document.querySelectorAll('main p, main li, main td, main th, '
                  + 'main figcaption, main summary, .view svg text')]

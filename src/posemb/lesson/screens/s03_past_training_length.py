@@ -492,7 +492,9 @@ def _loss_chart(
         "length:Q",
         title="evaluation length (tokens)",
         scale=alt.Scale(type="log", base=2),
-        axis=alt.Axis(values=lens, labelFlush=True),
+        # On a narrow screen every other length is dropped, from the second: the first
+        # and the last stay.
+        axis=alt.Axis(values=lens, labelFlush=True, labelOverlap="parity"),
     )
     colors, _ = _encoding_colours(variants)
     # No legend: each line is named at its end, where a reader's eye already is.
@@ -635,7 +637,9 @@ def _retrieval_x(view: str, train_len: int, lens: list[int], bins: list[str]) ->
             "x:Q",
             title=f"window length (tokens; trained at {train_len})",
             scale=alt.Scale(type="log", base=2),
-            axis=alt.Axis(values=lens, labelFlush=True),
+            # On a narrow screen every other length is dropped, from the second: the first
+            # and the last stay.
+            axis=alt.Axis(values=lens, labelFlush=True, labelOverlap="parity"),
         )
     return alt.X(
         "x:O",
