@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import shutil
+import textwrap
 
 import pytest
 
@@ -65,3 +66,31 @@ def summary(violations: list[dict]) -> list[tuple[str, str, int, list]]:
         (v["id"], v["help"], len(v["nodes"]), [n["target"] for n in v["nodes"][:3]])
         for v in violations
     ]
+
+
+SMALL_TEXT = """() => [...document.querySelectorAll('main p, main li, main td, main th, '
+     + 'main figcaption, main summary, .view svg text')]
+   .filter(el => el.getClientRects().length && el.textContent.trim())
+   .map(el => {
+     let px = parseFloat(getComputedStyle(el).fontSize);
+     if (el instanceof SVGElement) {
+       const svg = el.ownerSVGElement, vb = svg.viewBox.baseVal;
+       px *= vb && vb.width ? svg.getBoundingClientRect().width / vb.width : 1;
+     }
+     return {text: el.textContent.trim().slice(0, 40), px};
+   }).filter(x => x.px < 9.95)"""
+"""Script: text rendered under 10 px (a scaled-down SVG's text at its scale)."""
+
+
+CUT_TEXT = textwrap.dedent(
+    """() => [...document.querySelectorAll('.view svg text')]
+       .filter(t => t.textContent.trim() && t.getAttribute('opacity') !== '0'
+                    && t.getClientRects().length)
+       .map(t => { const r = t.getBoundingClientRect();
+                   const s = t.ownerSVGElement.getBoundingClientRect();
+                   return {fig: t.closest('figure').id, text: t.textContent.slice(0, 40),
+                           out: Math.max(s.left - r.left, r.right - s.right,
+                                         s.top - r.top, r.bottom - s.bottom)}; })
+       .filter(x => x.out > 1)"""
+)
+"""Script: chart text drawn partly outside its SVG, where no scrolling can reach it."""

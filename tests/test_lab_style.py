@@ -43,7 +43,18 @@ def test_colour_is_never_the_only_difference():
     """WCAG 1.4.1: two variants differ in dash pattern and in marker too."""
     assert len({v.dash for v in LOOKS.values()}) == len(LOOKS)
     assert all(v.dash for v in LOOKS.values() if v.dashed)
-    assert all(v.shape for v in LOOKS.values())
+    # The lesson's charts name their lines too; Vega's shapes are the nearest to the markers.
+    assert look("learned").shape == "circle" and look("rope").shape == "diamond"
+    assert look("nope").shape == "triangle-up" and look("p-rope").shape == "circle"
+
+
+def test_contrast_is_wcags_ratio():
+    from posemb.lab.style import contrast
+
+    assert contrast("#000000", "#FFFFFF") == pytest.approx(21.0)
+    assert contrast("#767676", "#ffffff") == pytest.approx(4.54, abs=0.005)
+    assert contrast("#777777", "#FFFFFF") < 4.5 < contrast("#757575", "#FFFFFF")
+    assert contrast("#FFFFFF", "#0070AF") == contrast("#0070AF", "#FFFFFF")
 
 
 def test_the_cards_are_the_pages():

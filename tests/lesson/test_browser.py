@@ -16,7 +16,7 @@ import pathlib
 
 import pytest
 
-from browser import axe_violations, summary
+from browser import CUT_TEXT, SMALL_TEXT, axe_violations, summary
 
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts" / "lesson"
 
@@ -228,23 +228,10 @@ def test_a_phone_sized_window_scrolls_only_down_and_keeps_text_readable(
             ".filter(t => t.getAttribute('opacity') !== '0').map(t => t.textContent)"
         )
         assert {"64", "1,024"} <= set(ticks), ticks
-        small = page.evaluate(
-            """() => [...document.querySelectorAll('main p, main li, main td, main th, '
-                 + 'main figcaption, main summary, .view svg text')]
-               .filter(el => el.getClientRects().length && el.textContent.trim())
-               .map(el => {
-                 const r = el.getBoundingClientRect();
-                 let px = parseFloat(getComputedStyle(el).fontSize);
-                 if (el instanceof SVGElement) {
-                   const svg = el.ownerSVGElement;
-                   const vb = svg.viewBox.baseVal;
-                   const scale = vb && vb.width ? svg.getBoundingClientRect().width / vb.width : 1;
-                   px = px * scale;
-                 }
-                 return {text: el.textContent.trim().slice(0, 40), px};
-               }).filter(x => x.px < 9.95)"""
-        )
+        small = page.evaluate(SMALL_TEXT)
         assert not small, small[:10]
+        cut = page.evaluate(CUT_TEXT)
+        assert not cut, cut[:10]
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         for anchor in page.eval_on_selector_all("section.screen", "els => els.map(e => e.id)"):
             _save_screen(page, anchor, ARTIFACTS / f"{anchor}-{width}px.png")

@@ -114,3 +114,10 @@ def test_a_control_cannot_take_the_id_of_its_figures_view():
             draw=lambda v: ({}, v),
             controls=[Control("fig-x-view", "which", "toggle", ("a", "b"), 0)],
         )  # fmt: skip
+
+
+def test_the_old_palette_name_still_works_with_a_warning():
+    from posemb.lesson import charts
+
+    with pytest.warns(DeprecationWarning, match="OKABE_ITO is renamed"):
+        assert charts.OKABE_ITO == charts.INK

@@ -75,8 +75,7 @@ def draw(summary: dict, out: str) -> list[str]:
 
 def _style(variant: str) -> dict[str, Any]:
     """The variant's look in a matplotlib plot (:mod:`posemb.lab.style`, shared with the
-    lesson's charts): its colour, marker and dash pattern (inference-time scalings are the
-    dashed ones)."""
+    lesson's charts): its colour, marker and dash pattern, each its own."""
     from .style import look
 
     v = look(variant)

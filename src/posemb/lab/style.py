@@ -10,7 +10,8 @@ drawn on (WCAG 2.1, 1.4.3): a colour is legible as text, so more than legible as
 (1.4.11 asks 3:1).
 
 Colour never carries the difference alone (1.4.1): every variant also has its own ``dash``
-pattern and ``marker``, and inference-time scalings and extensions are the dashed ones.
+pattern and its own matplotlib ``marker`` (Vega has fewer shapes: ``shape`` is the nearest, and
+some variants share one). ``dashed`` marks the inference-time scalings and extensions.
 :data:`INK` holds the same pairs for what a chart annotates (reference lines, labels, the
 hands of a dial).
 """
@@ -29,8 +30,9 @@ card (``page.css``'s ``--bg`` and ``--panel``); the lab's plots draw on white.""
 @dataclass(frozen=True)
 class Look:
     """How one variant is drawn: ``colour`` (hex, on a light background), ``dashed`` (an
-    inference-time scaling), its ``marker`` (a matplotlib marker code), ``dark`` (its colour on
-    a dark background) and ``dash`` (its line's dash pattern in px, on and off; () is solid)."""
+    inference-time scaling or extension, which the lab's tables and the report group apart),
+    its ``marker`` (a matplotlib marker code), ``dark`` (its colour on a dark background) and
+    ``dash`` (its line's dash pattern, on and off lengths; () is solid)."""
 
     colour: str
     dashed: bool
@@ -70,13 +72,13 @@ LOOKS: dict[str, Look] = {
     "alibi": Look("#AF437F", False, "v", "#CC79A7", (8, 3, 2, 3)),
     "rope": Look("#8F6300", False, "D", "#E69F00", _SOLID),
     "t5": Look("#1571A5", False, "<", "#56B4E9", (4, 2, 1, 2)),
-    "fire": Look("#6B6B6B", False, ">", "#999999", (1, 3)),
+    "fire": Look("#6B6B6B", False, ">", "#999999", (5, 1, 1, 1)),
     "xpos": Look("#882255", False, "p", "#D967A0", (10, 2, 2, 2, 2, 2)),
     "randomized": Look("#7A6B1F", False, "P", "#DDCC77", (3, 3)),
     "rope+pi": Look("#332288", True, "*", "#9282E0", (6, 4)),
     "rope+ntk": Look("#117733", True, "X", "#18A547", (6, 4, 1, 4)),
     "rope+dynamic": Look("#2F766A", True, "h", "#44AA99", (6, 4, 1, 4, 1, 4)),
-    "rope+yarn": Look("#000000", True, "d", "#C8C8D0", (5, 5)),
+    "rope+yarn": Look("#000000", True, "d", "#ECECF1", (5, 5)),
     "rope+llama3": Look("#A94498", True, "8", "#C670B8", (9, 3, 3, 3)),
     # Training-free extensions, inference-time like the scalings (dashed).
     "rope+selfextend": Look("#661100", True, "$S$", "#FF502D", (7, 2)),

@@ -71,6 +71,7 @@ def _figure_data(figs: Sequence[Any]) -> dict[str, object]:
     return {
         f.id: {
             "kind": f.kind,
+            "alt": f.alt,
             "controls": [
                 {"id": c.id, "kind": c.kind, "values": list(c.values), "default": c.default}
                 for c in f.controls

@@ -443,6 +443,12 @@ def fig_norms(summary: dict[str, Any]) -> Figure:
                     scale=charts.colors(list(series)),
                     legend=alt.Legend(orient="bottom", direction="vertical"),
                 ),
+                strokeDash=charts.dashes(
+                    "series:N",
+                    list(series),
+                    title=None,
+                    legend=alt.Legend(orient="bottom", direction="vertical"),
+                ),
                 tooltip=["series:N", "row:Q", alt.Tooltip("norm:Q", format=".4f")],
             )
             .properties(width=charts.WIDE - 140, height=240)

@@ -431,6 +431,12 @@ def _encoding_marks(variants: Sequence[str], legend: bool) -> dict[str, Any]:
     }
 
 
+def _length_axis(lens: Sequence[int]) -> alt.Axis:
+    """The axis of the lab's lengths (doubling): labels flush with the plot's ends, and on a
+    narrow screen every other one dropped from the second (an odd count keeps both ends)."""
+    return alt.Axis(values=list(lens), labelFlush=True, labelOverlap="parity")
+
+
 def _end_labels(rows: list[dict[str, object]], domain: list[float], height: int) -> list[dict]:
     """Each line's name at its last point, nudged apart to one 14 px text line each (two lines
     that end together would print their names over each other)."""
@@ -443,6 +449,9 @@ def _end_labels(rows: list[dict[str, object]], domain: list[float], height: int)
     for r in ends:
         y = float(str(r["loss"]))
         placed.append(y if not placed else max(y, placed[-1] + gap))
+    # Pushed up past the top, the highest come back down, the gap kept.
+    for i in range(len(placed) - 1, -1, -1):
+        placed[i] = min(placed[i], domain[1] - gap * (len(placed) - 1 - i))
     return [
         {"variant": r["variant"], "length": r["length"], "y": charts.rounded(y)}
         for r, y in zip(ends, placed, strict=True)
@@ -492,12 +501,11 @@ def _loss_chart(
         "length:Q",
         title="evaluation length (tokens)",
         scale=alt.Scale(type="log", base=2),
-        # On a narrow screen every other length is dropped, from the second: the first
-        # and the last stay.
-        axis=alt.Axis(values=lens, labelFlush=True, labelOverlap="parity"),
+        axis=_length_axis(lens),
     )
     colors, _ = _encoding_colours(variants)
     # No legend: each line is named at its end, where a reader's eye already is.
+    line_colour = alt.Color("variant:N", scale=colors, legend=None)
     band = (
         alt.Chart(charts.rows_source())
         .mark_area(aria=False, opacity=0.15)
@@ -505,7 +513,7 @@ def _loss_chart(
             x=x,
             y=alt.Y("lo:Q", scale=y_scale),
             y2="hi:Q",
-            color=alt.Color("variant:N", scale=colors, legend=None),
+            color=line_colour,
         )
     )
     line = (
@@ -516,7 +524,7 @@ def _loss_chart(
         .encode(
             x=x,
             y=alt.Y("loss:Q", title="loss (nats/char)", scale=y_scale),
-            color=alt.Color("variant:N", scale=colors, legend=None),
+            color=line_colour,
             **_encoding_marks(variants, legend=False),
             tooltip=[
                 "variant:N",
@@ -550,12 +558,7 @@ def _loss_chart(
     names = (
         alt.Chart(charts.inline_data(_end_labels(rows, domain, LOSS_HEIGHT)))
         .mark_text(aria=False, align="left", baseline="middle", dx=9, fontSize=12)
-        .encode(
-            x=x,
-            y=alt.Y("y:Q", scale=y_scale),
-            text="variant:N",
-            color=alt.Color("variant:N", scale=colors, legend=None),
-        )
+        .encode(x=x, y=alt.Y("y:Q", scale=y_scale), text="variant:N", color=line_colour)
     )
     return (band + train_rule + train_label + rule + rule_label + line + names).properties(
         width=charts.WIDE - 150, height=LOSS_HEIGHT
@@ -637,9 +640,7 @@ def _retrieval_x(view: str, train_len: int, lens: list[int], bins: list[str]) ->
             "x:Q",
             title=f"window length (tokens; trained at {train_len})",
             scale=alt.Scale(type="log", base=2),
-            # On a narrow screen every other length is dropped, from the second: the first
-            # and the last stay.
-            axis=alt.Axis(values=lens, labelFlush=True, labelOverlap="parity"),
+            axis=_length_axis(lens),
         )
     return alt.X(
         "x:O",

@@ -202,6 +202,16 @@ def fig_shift_is_rotation(summary: dict[str, Any]) -> Figure:
     )
 
 
+WAVE_PARTS = ("sin", "cos")
+
+
+WAVE_LEGEND = {
+    "orient": "top",
+    "direction": "horizontal",
+    "labelExpr": "datum.label == 'sin' ? 'sin (channel 2i)' : 'cos (channel 2i+1)'",
+}
+
+
 WAVE_PAIRS = ("0", "32", "128", "383")  # the lesson's channels on its harmonics screen
 
 
@@ -252,16 +262,8 @@ def _wave_chart(n: int, header: str) -> alt.TopLevelMixin:
         .encode(
             x=x,
             y=alt.Y("v:Q", title="PE", scale=alt.Scale(domain=[-1, 1])),
-            color=alt.Color(
-                "c:N",
-                title=None,
-                scale=charts.colors(["sin", "cos"]),
-                legend=alt.Legend(
-                    orient="top",
-                    direction="horizontal",
-                    labelExpr="datum.label == 'sin' ? 'sin (channel 2i)' : 'cos (channel 2i+1)'",
-                ),
-            ),
+            color=alt.Color("c:N", title=None, scale=charts.colors(WAVE_PARTS), legend=WAVE_LEGEND),
+            strokeDash=charts.dashes("c:N", WAVE_PARTS, title=None, legend=WAVE_LEGEND),
             tooltip=["pair:N", alt.Tooltip("p:Q", title="position"), "c:N", "v:Q"],
         )
     )
@@ -384,6 +386,9 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
                     title=None,
                     scale=charts.colors(list(errs)),
                     legend=alt.Legend(orient="top"),
+                ),
+                strokeDash=charts.dashes(
+                    "method:N", list(errs), title=None, legend=alt.Legend(orient="top")
                 ),
                 tooltip=["method:N", "position:Q", alt.Tooltip("error:Q", format=".2e")],
             )

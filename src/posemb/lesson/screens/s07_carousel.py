@@ -382,6 +382,7 @@ def fig_rope_decay(summary: dict[str, Any]) -> Figure:
                 color=alt.Color(
                     "curve:N", title=None, scale=charts.colors(DECAY_CURVES), sort=None
                 ),
+                strokeDash=charts.dashes("curve:N", DECAY_CURVES, title=None, sort=None),
                 tooltip=["curve:N", "distance:Q", alt.Tooltip("value:Q", format=".3f")],
             )
             .properties(width=charts.WIDE - 200, height=260)
@@ -456,6 +457,7 @@ def fig_rerotate_drift(summary: dict[str, Any]) -> Figure:
                 color=alt.Color(
                     "method:N", title=None, scale=charts.colors(DRIFT_METHODS), sort=None
                 ),
+                strokeDash=charts.dashes("method:N", DRIFT_METHODS, title=None, sort=None),
                 tooltip=["method:N", "shifts:Q", alt.Tooltip("error:Q", format=".2e")],
             )
             .properties(width=charts.WIDE - 220, height=240)
