@@ -98,6 +98,7 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_kerple.py",  # bias.py's KERPLE, against its two kernels
         "test_logit_modifiers.py",  # sinks, SSMax and windows: attention.py, temperature.py
         "lesson/test_browser.py",  # the built page in Chromium
+        "lesson/test_a11y.py",  # the built page for every reader: what axe cannot see
     }
     src = ROOT / "src" / "posemb"
     mirrored = set()
