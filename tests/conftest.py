@@ -53,3 +53,19 @@ def lesson_build(tmp_path_factory, claim_rows):
     from posemb.lesson import page
 
     return page.build_lesson(tmp_path_factory.mktemp("lesson") / "posemb-lesson", claim_rows)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium driven by Playwright, launched once per test module (the lesson's and
+    the site's browser tests; a second sync_playwright in the same thread would fail)."""
+    from browser import browser_or_skip
+
+    chromium = browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start.
+        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()

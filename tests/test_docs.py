@@ -165,22 +165,6 @@ def test_the_cli_page_is_the_parser(site):
         assert f"posemb {name}" in html, name
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium driven by Playwright, launched once for every page this module opens
-    (a second sync_playwright in the same thread would fail)."""
-    from browser import browser_or_skip
-
-    chromium = browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start.
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
-
-
 def test_the_site_opens_offline_in_a_browser(site, browser):
     """Every page from file://: no console error, no request but the site's own files, every
     link to a page or an anchor of the site resolving, and the lesson loading inside it."""

@@ -4,7 +4,6 @@ import importlib
 
 import pytest
 
-from browser import browser_or_skip
 from posemb.lab.schema import LabSummary
 from posemb.lesson import claims, measure
 
@@ -73,16 +72,3 @@ def fake_lab():
         return LabSummary.of(fake)
 
     return make
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium driven by Playwright, once per test module."""
-    chromium = browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start.
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()

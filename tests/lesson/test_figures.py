@@ -121,3 +121,40 @@ def test_the_old_palette_name_still_works_with_a_warning():
 
     with pytest.warns(DeprecationWarning, match="OKABE_ITO is renamed"):
         assert charts.OKABE_ITO == charts.INK
+
+
+def _line_views(node):
+    """Every view of a spec drawn as lines: (its mark as a dict, its encoding)."""
+    if isinstance(node, dict):
+        mark = node.get("mark")
+        mark = {"type": mark} if isinstance(mark, str) else (mark or {})
+        if mark.get("type") == "line":
+            yield mark, node.get("encoding", {})
+        for key, value in node.items():
+            if key not in ("data", "datasets"):
+                yield from _line_views(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _line_views(value)
+
+
+def test_lines_of_several_series_differ_in_dash_too_and_their_legend_shows_it(built):
+    """WCAG 1.4.1: where colour tells a chart's lines apart, a dash pattern on the same field
+    does too, and the legend of lines with points draws line symbols (Vega-Lite would draw
+    filled circles, which show the colour alone)."""
+    checked = set()
+    for fig in built:
+        if fig.kind != "vega":
+            continue
+        for spec in fig.states.values():
+            for mark, enc in _line_views(spec):
+                color = enc.get("color", {})
+                if not color.get("field") or color.get("type") != "nominal":
+                    continue
+                dash = enc.get("strokeDash", {})
+                assert dash.get("field") == color["field"], fig.id
+                legend = color.get("legend", {})
+                if mark.get("point") and legend is not None:
+                    assert legend.get("symbolType") == "stroke", (fig.id, legend)
+                checked.add(fig.id)
+    assert {"fig-norms", "fig-waves", "fig-rope-decay", "fig-lab-loss"} <= checked, checked

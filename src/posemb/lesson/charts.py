@@ -130,6 +130,12 @@ def colors(names: Sequence[str]) -> alt.Scale:
     return alt.Scale(domain=list(names), range=list(INK[: len(names)]))
 
 
+def line_legend(**legend: Any) -> dict[str, Any]:
+    """A legend whose symbols are short lines, so they show each series' dash (a line chart
+    with points would show filled circles, told apart by colour alone)."""
+    return {"symbolType": "stroke", "symbolStrokeWidth": 2.5, **legend}
+
+
 DASHES = ((1, 0), (6, 3), (2, 2), (8, 3, 2, 3), (4, 2, 1, 2), (10, 2, 2, 2))
 """Line patterns for a chart's series, in :func:`colors` order: solid first."""
 

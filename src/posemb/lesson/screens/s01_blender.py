@@ -513,6 +513,8 @@ def fig_counting(summary: dict[str, Any]) -> Figure:
     t = 16
     out = measure.counting_signal(t)
 
+    names, key = ("attention output", "1/(i+1)"), charts.line_legend()
+
     def draw() -> tuple[object, str]:
         rows = [
             {"position": i, "value": charts.rounded(out[i], 6), "series": "attention output"}
@@ -528,10 +530,8 @@ def fig_counting(summary: dict[str, Any]) -> Figure:
             .encode(
                 x=alt.X("position:Q", title="position i"),
                 y=alt.Y("value:Q", title="output"),
-                color=alt.Color(
-                    "series:N", title=None, scale=charts.colors(["attention output", "1/(i+1)"])
-                ),
-                strokeDash=alt.StrokeDash("series:N", legend=None),
+                color=alt.Color("series:N", title=None, scale=charts.colors(names), legend=key),
+                strokeDash=charts.dashes("series:N", names, title=None, legend=key),
                 tooltip=["position:Q", alt.Tooltip("value:Q", format=".6f"), "series:N"],
             )
             .properties(width=charts.WIDE - 140, height=220)

@@ -385,10 +385,10 @@ def fig_float32_angles(summary: dict[str, Any]) -> Figure:
                     "method:N",
                     title=None,
                     scale=charts.colors(list(errs)),
-                    legend=alt.Legend(orient="top"),
+                    legend=charts.line_legend(orient="top"),
                 ),
                 strokeDash=charts.dashes(
-                    "method:N", list(errs), title=None, legend=alt.Legend(orient="top")
+                    "method:N", list(errs), title=None, legend=charts.line_legend(orient="top")
                 ),
                 tooltip=["method:N", "position:Q", alt.Tooltip("error:Q", format=".2e")],
             )

@@ -380,9 +380,15 @@ def fig_rope_decay(summary: dict[str, Any]) -> Figure:
                 ),
                 y=alt.Y("value:Q", title="relative to distance 0"),
                 color=alt.Color(
-                    "curve:N", title=None, scale=charts.colors(DECAY_CURVES), sort=None
+                    "curve:N",
+                    title=None,
+                    scale=charts.colors(DECAY_CURVES),
+                    sort=None,
+                    legend=charts.line_legend(),
                 ),
-                strokeDash=charts.dashes("curve:N", DECAY_CURVES, title=None, sort=None),
+                strokeDash=charts.dashes(
+                    "curve:N", DECAY_CURVES, title=None, sort=None, legend=charts.line_legend()
+                ),
                 tooltip=["curve:N", "distance:Q", alt.Tooltip("value:Q", format=".3f")],
             )
             .properties(width=charts.WIDE - 200, height=260)
@@ -455,9 +461,15 @@ def fig_rerotate_drift(summary: dict[str, Any]) -> Figure:
                     scale=alt.Scale(type="log"),
                 ),
                 color=alt.Color(
-                    "method:N", title=None, scale=charts.colors(DRIFT_METHODS), sort=None
+                    "method:N",
+                    title=None,
+                    scale=charts.colors(DRIFT_METHODS),
+                    sort=None,
+                    legend=charts.line_legend(),
                 ),
-                strokeDash=charts.dashes("method:N", DRIFT_METHODS, title=None, sort=None),
+                strokeDash=charts.dashes(
+                    "method:N", DRIFT_METHODS, title=None, sort=None, legend=charts.line_legend()
+                ),
                 tooltip=["method:N", "shifts:Q", alt.Tooltip("error:Q", format=".2e")],
             )
             .properties(width=charts.WIDE - 220, height=240)
