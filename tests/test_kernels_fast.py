@@ -446,3 +446,111 @@ def test_fused_rotation_under_inference_mode_and_after():
             assert_close(fused(q, k, cos, sin)[0], _hf_apply(q, k, cos, sin)[0], torch.float32)
     cos2, sin2 = _hf_tables(torch.tensor([[11]]))
     assert_close(fused(q, k, cos2, sin2)[0], _hf_apply(q, k, cos2, sin2)[0], torch.float32)
+
+
+# --- The _into ops read tables and norm weights as a model holds them ---------------------------
+
+_FORMS = {  # what each form reads of a (B, S, w) table, as a view
+    0: lambda t: t,
+    1: lambda t: t[..., : t.shape[-1] // 2],
+    2: lambda t: t[..., ::2],
+}
+
+
+def _loose(batch, seq, n, form, dtype, seed):
+    """cos and sin (batch, seq, w) in ``dtype`` whose ``form`` view is (batch, seq, n), made from
+    a non-contiguous source (every other row of a wider tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(batch, seq, n, generator=g, dtype=torch.float64) * 6.0
+    width = {0: n, 1: 2 * n, 2: 2 * n}[form]
+
+    def table(values):
+        full = {0: values, 1: torch.cat((values, values), -1)}.get(form)
+        if full is None:
+            full = values.repeat_interleave(2, -1)
+        wide = torch.zeros(batch, 2 * seq, width, dtype=dtype)
+        wide[:, ::2] = full.to(dtype)
+        return wide[:, ::2]  # seq stride 2 * width: never contiguous past one token
+
+    return table(angles.cos()), table(angles.sin())
+
+
+@pytest.mark.parametrize("form", [0, 1, 2])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("batch", "seq", "tables_batch"), [(1, 1, 1), (3, 1, 3), (3, 5, 1)])
+@pytest.mark.parametrize("layout", list(posemb.Layout))
+def test_the_into_op_reads_tables_of_any_dtype_and_strides(
+    form, table_dtype, batch, seq, tables_batch, layout
+):
+    assert kernels.cpu.load() is not None
+    q, k = _qk(batch=batch, seq=seq, seed=form, head_dim=22)  # partial rotary: n = 5 of 11 pairs
+    cos, sin = _loose(tables_batch, seq, 5, form, table_dtype, seed=seq)
+    outs = (torch.empty_like(q), torch.empty_like(k))
+    interleaved = layout is posemb.Layout.INTERLEAVED
+    torch.ops.posemb._rotate_cpu_into.default(
+        q, k, *outs, cos, sin, None, None, interleaved, False, form
+    )
+    c, s = _FORMS[form](cos).float(), _FORMS[form](sin).float()
+    for got, x in zip(outs, (q, k), strict=True):
+        assert_close(got, kernels.reference.apply_rope(x, c, s, layout), torch.float32)
+    torch.library.opcheck(
+        torch.ops.posemb._rotate_cpu_into.default,
+        (q, k, *outs, cos, sin, None, None, interleaved, False, form),
+    )
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_norm_into_op_reads_weights_of_any_dtype_with_their_offset(weight_dtype, offset, dtype):
+    assert kernels.cpu.load() is not None
+    q, k = _qk(batch=2, seq=3, dtype=dtype, seed=7, head_dim=16)
+    cos, sin = _loose(2, 3, 8, 1, dtype, seed=8)
+    g = torch.Generator().manual_seed(9)
+    qw, kw = (torch.randn(16, generator=g).to(weight_dtype) for _ in range(2))
+    outs = (torch.empty_like(q), torch.empty_like(k))
+    op = torch.ops.posemb._norm_rotate_cpu_into.default
+    op(q, k, *outs, cos, sin, qw, kw, 1e-6, offset, False, 1)
+    c, s = _FORMS[1](cos).float(), _FORMS[1](sin).float()
+    want = kernels.norm.reference(q, k, c, s, qw.float(), kw.float(), 1e-6, offset)
+    for got, w in zip(outs, want, strict=True):
+        assert_close(got, w, dtype)
+    torch.library.opcheck(op, (q, k, *outs, cos, sin, qw, kw, 1e-6, offset, False, 1))
+
+
+def test_the_into_ops_refuse_what_does_not_fit():
+    assert kernels.cpu.load() is not None
+    q, k = _qk(batch=2, seq=3, head_dim=16)
+    outs = (torch.empty_like(q), torch.empty_like(k))
+    cos, sin = _loose(2, 3, 8, 1, torch.float32, seed=1)
+    rotate = torch.ops.posemb._rotate_cpu_into.default
+    norm = torch.ops.posemb._norm_rotate_cpu_into.default
+    w = torch.ones(16)
+    for call, match in (
+        (lambda: rotate(q, k, *outs, cos, sin, None, None, False, False, 3), "table_form"),
+        (lambda: rotate(q, k, *outs, cos, sin[:, :2], None, None, False, False, 1), "fit"),
+        (lambda: rotate(q, k, *outs, cos, sin[:1], None, None, False, False, 1), "cos's shape"),
+        (lambda: rotate(q, k, *outs, cos.double(), sin, None, None, False, False, 1), "float32"),
+        (lambda: norm(q, k, *outs, cos, sin, w[:8], w, 1e-6, 0.0, False, 1), "head_dim"),
+        (lambda: norm(q, k, *outs, cos, sin, w.double(), w, 1e-6, 0.0, False, 1), "float32"),
+        (lambda: norm(q, k, *outs, cos, sin, w[::2].repeat(2), w, 0.0, 0.0, False, 1), "eps"),
+    ):
+        with pytest.raises(RuntimeError, match=match):
+            call()
+
+
+def test_the_fused_rotation_sees_tables_written_through_data():
+    from posemb.hf.fused import fused_rotation
+
+    fused = fused_rotation(posemb.Layout.HALF)
+    for dtype in (torch.float32, torch.bfloat16):  # read as they are, and packed
+        q, k = _qk(batch=2, dtype=dtype)
+        cos, sin = _hf_tables(torch.tensor([[10], [11]]), dtype=dtype)
+        fused(q, k, cos, sin), fused(q, k, cos, sin)
+        new_cos, new_sin = _hf_tables(torch.tensor([[4321], [7]]), dtype=dtype)
+        version = cos._version
+        cos.data.copy_(new_cos), sin.data.copy_(new_sin)
+        assert cos._version == version  # no bump: nothing keyed on it may trust it
+        want = _hf_apply(q, k, new_cos, new_sin)
+        for got, w in zip(fused(q, k, cos, sin), want, strict=True):
+            assert_close(got, w.float(), dtype)

@@ -192,7 +192,7 @@ def test_opcheck_cpu_norm_rotate_ops():
         outs = (torch.empty_like(plain[0]), torch.empty_like(plain[1]))
         torch.library.opcheck(
             torch.ops.posemb._norm_rotate_cpu_into.default,
-            (plain[0], plain[1], *outs, *plain[2:], 1e-6, interleaved),
+            (plain[0], plain[1], *outs, *plain[2:], 1e-6, 1.0, interleaved),
         )
         grads = (torch.randn_like(plain[0]), torch.randn_like(plain[1]))
         torch.library.opcheck(

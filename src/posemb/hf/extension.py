@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import sys
 import types
 from typing import Any
 
@@ -37,6 +36,7 @@ from .. import _checks
 from .._errors import InputError
 from ..extension import DualChunk, Extension, ReRoPE, SelfExtend, attend
 from ..rope import RotaryEmbedding
+from . import rebind
 
 # The families whose attention posemb expresses (model_type of the text config), and which layer
 # types it extends: Gemma 3's sliding layers have their own local RoPE and a window far inside
@@ -122,22 +122,17 @@ class _Interface:
         return _extended_attention
 
 
-_shadows: dict[str, types.ModuleType] = {}
-
-
-def _shadow(module_name: str) -> dict[str, Any]:
-    """A copy of the modeling module's globals with the two names shadowed, registered in
-    ``sys.modules`` under its own name (as :mod:`posemb.hf.fused` does, for the same reason)."""
-    if module_name not in _shadows:
-        name = f"posemb.hf._extension.{module_name}"
-        shadow = types.ModuleType(name)
-        shadow.__dict__.update(sys.modules[module_name].__dict__)
-        shadow.__dict__.update(
-            __name__=name, apply_rotary_pos_emb=_unrotated, ALL_ATTENTION_FUNCTIONS=_Interface()
-        )
-        sys.modules[name] = shadow
-        _shadows[module_name] = shadow
-    return _shadows[module_name].__dict__
+def _renames(module_name: str) -> dict[str, str]:
+    """The two names the extended forward reads as posemb's, installed in the modeling module
+    (:mod:`posemb.hf.rebind`: every other global is read live, as the class's forward reads it)."""
+    return {
+        "apply_rotary_pos_emb": rebind.install(
+            module_name, f"{rebind.PREFIX}unrotated", _unrotated
+        ),
+        "ALL_ATTENTION_FUNCTIONS": rebind.install(
+            module_name, f"{rebind.PREFIX}extended_interface", _Interface()
+        ),
+    }
 
 
 class ExtendedForward:
@@ -150,12 +145,10 @@ class ExtendedForward:
     """
 
     def __init__(self, module: nn.Module, method: Extension, rope: RotaryEmbedding) -> None:
-        from .fused import _rebuilt
-
         self._module, self.method, self.rope = module, method, rope
         forward = type(module).forward
         assert isinstance(forward, types.FunctionType)  # _plan checked it
-        fn = _rebuilt(forward, _shadow(type(module).__module__))
+        fn = rebind.rebuilt(forward, _renames(type(module).__module__))
         self._bound = types.MethodType(fn, module)
         self.__signature__ = inspect.signature(self._bound)
 

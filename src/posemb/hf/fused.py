@@ -6,7 +6,8 @@ name at call time, and the eager function makes several passes with four tempora
 family in the process, and transformers' own hooks (``use_kernel_forward_from_hub``,
 ``transformers.monkey_patching``) are process-wide too (and inert without the ``kernels``
 package). So posemb rebinds the ``forward`` of each attention *instance* of one model to a copy
-of its class's function whose globals name posemb's rotation instead; :func:`unpatch_fused`
+of its class's function that calls posemb's rotation instead, and sees every other global of
+the modeling module as it is at the call (:mod:`posemb.hf.rebind`); :func:`unpatch_fused`
 deletes those instance attributes, and the class is never touched.
 
 Only families whose rotation posemb expresses are fused (:data:`FORMS`), each checked
@@ -19,27 +20,31 @@ DeepSeek-V2's on (batch, heads, seq, head_dim), and
 DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (pairs de-interleaved into rotate_half
 order). An attention calling any rotation posemb does not express is refused: it would stay
 eager while the model claimed to be fused.
+
+Nothing here is cached by a tensor's identity, data pointer or version counter: the rotations
+read their tables and the norms' weights at each call
+(:class:`posemb.kernels.fast.DerivedRotation`), forms are probed once per patch, and the renamed
+code is keyed on the class's code object (:mod:`posemb.hf.rebind`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import itertools
 import logging
 import sys
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .. import kernels
+from .. import _checks, kernels
 from .._errors import InputError
 from ..kernels.layout import Layout
-from .fused_norm import Deferred, NormSpec, defer, norm_rotation, restore, why_not
+from . import rebind
+from .fused_norm import NORM_ROTATION, Deferred, NormSpec, begin, defer, end, restore, why_not
 
 logger = logging.getLogger("posemb.hf")
 
@@ -92,7 +97,8 @@ def fused_rotation(
             return t[..., : t.shape[-1] // 2]
         return t[..., ::2]
 
-    derived = kernels.fast.DerivedRotation(cut, layout is Layout.INTERLEAVED)
+    form = 0 if halved_tables else 1 if layout is Layout.HALF else 2
+    derived = kernels.fast.DerivedRotation(form, layout is Layout.INTERLEAVED)
 
     apply_rotary_pos_emb.__doc__ = f"posemb's fused rotation ({layout.value} pairs)."
     return apply_rotary_pos_emb
@@ -127,43 +133,6 @@ def fused_deinterleaving_rotation() -> Callable[..., tuple[torch.Tensor, torch.T
         return half(deinterleave(q), deinterleave(k), cos, sin, unsqueeze_dim)
 
     return apply_rotary_pos_emb_interleave
-
-
-_shadows: dict[tuple[str, tuple[int, ...]], types.ModuleType] = {}
-
-
-def _shadow(module_name: str, forms: tuple[_Form, ...]) -> dict[str, Any]:
-    """The globals for rebuilt functions: a copy of the modeling module, registered in
-    ``sys.modules`` under its own name (``torch.compile`` resolves a function's globals by
-    their ``__name__``), in which each of the forms' rotations is posemb's."""
-    key = (module_name, tuple(FORMS.index(f) for f in forms))
-    if key not in _shadows:
-        tag = "_".join(map(str, key[1]))
-        name = f"posemb.hf._fused.form{tag}.{module_name}"
-        shadow = types.ModuleType(name)
-        shadow.__dict__.update(sys.modules[module_name].__dict__)
-        shadow.__dict__["__name__"] = name
-        shadow.__dict__.update({f.name: f.replacement for f in forms})
-        sys.modules[name] = shadow
-        _shadows[key] = shadow
-    return _shadows[key].__dict__
-
-
-_own = itertools.count()
-
-
-def _own_shadow(scope: dict[str, Any], module: nn.Module, norms: NormSpec) -> dict[str, Any]:
-    """Globals of one attention instance, whose rotation applies its own q and k norms: a
-    module of its own in ``sys.modules`` (as :func:`_shadow`'s, for ``torch.compile``), removed
-    when the attention is collected."""
-    name = f"{scope['__name__']}.norms{next(_own)}"
-    shadow = types.ModuleType(name)
-    shadow.__dict__.update(scope)
-    shadow.__dict__["__name__"] = name
-    shadow.__dict__[ROTATION] = norm_rotation(module, norms)
-    sys.modules[name] = shadow
-    weakref.finalize(module, sys.modules.pop, name, None)
-    return shadow.__dict__
 
 
 def fused_complex_rotation(bshd: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -275,29 +244,6 @@ FORMS = (
 NAMES = tuple(dict.fromkeys(f.name for f in FORMS))
 
 
-def _rebuilt(fn: types.FunctionType, scope: dict[str, Any]) -> types.FunctionType:
-    """A copy of ``fn`` with globals ``scope``; decorator layers (``functools.wraps``
-    wrappers, e.g. ``deprecate_kwarg``) are rebuilt around the new inner function."""
-    inner = getattr(fn, "__wrapped__", None)
-    if inner is None:
-        new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    else:
-        new_inner = _rebuilt(inner, scope)
-        cells = tuple(
-            types.CellType(new_inner) if cell.cell_contents is inner else cell
-            for cell in fn.__closure__ or ()
-        )
-        if not any(c.cell_contents is new_inner for c in cells):
-            raise InputError(f"cannot rebuild the decorator around {fn.__qualname__}")
-        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
-        new.__wrapped__ = new_inner  # type: ignore[attr-defined]
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__annotations__ = dict(fn.__annotations__)  # what inspect.signature shows
-    new.__qualname__ = fn.__qualname__
-    new.__doc__ = fn.__doc__
-    return new
-
-
 def _innermost(fn: Any) -> Any:
     while getattr(fn, "__wrapped__", None) is not None:
         fn = fn.__wrapped__
@@ -358,17 +304,27 @@ class FusedForward:
         cls = type(module)
         original = cls.forward
         assert isinstance(original, types.FunctionType)  # patch_fused checked it
-        scope = _shadow(cls.__module__, forms)
-        if norms is not None:
-            scope = _own_shadow(scope, module, norms)
-        self._own = scope["__name__"] if norms is not None else None
-        fn = _rebuilt(original, scope)
-        self._bound = types.MethodType(fn, module)
+        renames = {}
+        for form in forms:
+            # One name per form: two forms of one global name are two families' modules.
+            name = f"{rebind.PREFIX}{FORMS.index(form)}_{form.name}"
+            renames[form.name] = rebind.install(cls.__module__, name, form.replacement)
+        if norms is not None:  # forms is (FORMS[0],): _norms_for checked it
+            name = f"{rebind.PREFIX}norms_{ROTATION}"
+            renames[ROTATION] = rebind.install(cls.__module__, name, NORM_ROTATION)
+        self._bound = types.MethodType(rebind.rebuilt(original, renames), module)
         # What inspect.signature reads: the bound method's parameters, without self.
         self.__signature__ = inspect.signature(self._bound)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._bound(*args, **kwargs)
+        norms = self._norms
+        if norms is None or _checks.tracing():  # nothing defers while tracing (fused_norm)
+            return self._bound(*args, **kwargs)
+        before = begin(self._module, norms)
+        try:
+            return self._bound(*args, **kwargs)
+        finally:
+            end(before)
 
     def __reduce__(self) -> tuple[Any, ...]:
         forms = tuple(FORMS.index(f) for f in self._forms)
@@ -403,13 +359,19 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
     calls it."""
     from .targets import text_modules
 
-    plan, forms, already = [], {}, 0
+    plan: list[tuple[str, nn.Module, tuple[_Form, ...], NormSpec | None]] = []
+    forms: dict[tuple[str, str], _Form] = {}
+    already = 0
     for name, module in text_modules(model):
         forward = getattr(type(module), "forward", None)
         if not isinstance(forward, types.FunctionType):
             continue
         if is_fused(module):
-            already += 1
+            late = _late_norms(name, module, head_dim)
+            if late is None:
+                already += 1
+            else:  # norms that could not be fused when it was (on the meta device then)
+                plan.append((name, module, *late))
             continue
         if isinstance(module.__dict__.get("forward"), Deferred):
             continue  # a norm the fused rotation of its attention applies
@@ -441,19 +403,43 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
             f"no attention of this {type(model).__name__} calls a rotation posemb fuses "
             f"({', '.join(NAMES)})"
         )
+    # Built before anything changes: rebuilding a forward can still refuse.
+    built = [
+        (name, module, FusedForward(module, chosen, norms)) for name, module, chosen, norms in plan
+    ]
     # Only now, with every module checked, is anything changed.
     names = []
-    for name, module, chosen, norms in plan:
+    for name, module, fused in built:
         if _hooked(module):
             # accelerate's hook calls _old_forward: fuse beneath it, keep the hook.
-            module.__dict__["_old_forward"] = FusedForward(module, chosen, norms)
+            module.__dict__["_old_forward"] = fused
         else:
-            module.forward = FusedForward(module, chosen, norms)
+            module.forward = fused
         module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
         names.append(name)
-        if norms is not None:
+        if fused._norms is not None:
             names += [f"{name}.{norm}" for norm in defer(module)]
     return names
+
+
+def _fused_forward(module: nn.Module) -> FusedForward | None:
+    for key in ("forward", "_old_forward"):
+        f = module.__dict__.get(key)
+        if isinstance(f, FusedForward):
+            return f
+    return None
+
+
+def _late_norms(
+    name: str, module: nn.Module, head_dim: int
+) -> tuple[tuple[_Form, ...], NormSpec] | None:
+    """For an attention fused without its norms: its forms and the norms' spec where they can
+    be fused now (their weights were loaded since), else None."""
+    fused = _fused_forward(module)
+    if fused is None or fused._norms is not None:
+        return None
+    spec = _norms_for(name, module, fused._forms, head_dim)
+    return None if spec is None else (fused._forms, spec)
 
 
 def _norms_for(
@@ -488,13 +474,9 @@ def unpatch_fused(model: nn.Module) -> list[str]:
     restored = []
     for name, module in model.named_modules():
         module.__dict__.pop(_MARK, None)
-        fused = module.__dict__.get("forward")
-        if not isinstance(fused, FusedForward):
-            fused = module.__dict__.get("_old_forward")
-        if not isinstance(fused, FusedForward):
+        fused = _fused_forward(module)
+        if fused is None:
             continue
-        if fused._own is not None:
-            sys.modules.pop(fused._own, None)  # its own globals (a patch/unpatch loop kept them)
         if "forward" in module.__dict__ and module.__dict__["forward"] is fused:
             del module.forward
         else:

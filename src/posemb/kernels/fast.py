@@ -44,13 +44,6 @@ Signature = tuple[object, ...]
 SMALL = 64
 """Most positions a call may carry to use the table memo (a decode step has batch x tokens)."""
 
-_WEIGHTS_KEPT = 1024
-"""Layers' norm weights kept in float32 form (a model's layers each have their own)."""
-
-SMALL_TABLE = SMALL * 512
-"""Most entries a derived table may have to be kept (a prefill's would pin megabytes)."""
-
-
 _grad_enabled = torch.is_grad_enabled
 _tracing = _checks.tracing
 
@@ -171,10 +164,14 @@ class TableMemo:
 TABLES = TableMemo()
 
 
+TABLE_FORMS = (0, 1, 2)
+"""What the ``_into`` ops read of a table: all of it, its first half, every other entry."""
+
+
 class DerivedRotation:
     """The rotation ``patch_rotary(model, fused=True)`` puts in transformers' attention, for
-    the calls the CPU op serves: tables derived from a step's ``(cos, sin)`` (halves cut, cast
-    to float32, made contiguous) once, for every layer that gets the same two tensors.
+    the calls the CPU op serves: the op reads the part of each table it needs (``form``) in the
+    table's own dtype and strides, and the norm weights as the module holds them.
 
     Inside a model each Python call and attribute chain is taken with cold caches: there the
     signature path cost 107 us per layer where transformers' own rotation cost 77 us and the
@@ -183,22 +180,24 @@ class DerivedRotation:
     head_dim, nothing tracing or differentiating) inline, the rest left to the op, whose
     refusal sends the call to the full path, which names what is wrong.
 
-    The entry holds the source tensors themselves, so while it lives their memory cannot be
-    freed and handed to another step's tables; a write into them in place changes their
-    version counter, which is compared too. Tables that need a gradient, large ones, and
-    anything while tracing are never kept.
+    Nothing is kept between calls. An earlier version kept each step's tables cut and cast to
+    float32, and the norms' weights with their offset, keyed on the source tensors' identity
+    and version counters; a fused optimizer step or a write through ``.data`` changes a tensor
+    without bumping its counter, so those forms went stale and the logits silently wrong. The
+    op now widens and packs what it reads itself (a decode step's tables and weights are a few
+    hundred numbers), which costs less than the Python that formed them.
 
     Args:
-        cut: the view of a table the op reads (``t[..., :r/2]`` for ``cat([c, c])`` tables).
+        form: what the op reads of a ``(B, S, w)`` table: 0 all of it (one entry per pair), 1
+            its first half (``cat([c, c])``), 2 every other entry (``repeat_interleave(c, 2)``).
         interleaved: the pairing of channels.
     """
 
-    def __init__(self, cut: Callable[[torch.Tensor], torch.Tensor], interleaved: bool) -> None:
-        self._cut = cut
+    def __init__(self, form: int, interleaved: bool) -> None:
+        if form not in TABLE_FORMS:
+            raise ValueError(f"form must be one of {TABLE_FORMS}, got {form!r}")
+        self._form = form
         self._interleaved = interleaved
-        self._entry: tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None
-        self._entry = None
-        self._weights: dict[int, tuple] = {}  # by id(q_weight), each entry holding it
 
     def __call__(
         self,
@@ -211,15 +210,20 @@ class DerivedRotation:
         """``(q, k)`` rotated through the op, or None where the full path must run.
 
         With ``norms`` = ``(q_weight, k_weight, eps, weight_offset)`` each head is first
-        RMS-normalised, as :func:`posemb.kernels.norm_rotate` does (the weights' float32
-        offset forms are kept as the tables are: by identity and version counter).
+        RMS-normalised, as :func:`posemb.kernels.norm_rotate` does, with the weights read at
+        this call.
         """
         if not (
             type(q) is torch.Tensor
             and type(k) is torch.Tensor
+            and type(cos) is torch.Tensor
+            and type(sin) is torch.Tensor
             and _rotate_into is not None
             and _cpu._loaded is not None
-            and not (_grad_enabled() and (q.requires_grad or k.requires_grad))
+            and not (
+                _grad_enabled()
+                and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)
+            )
             and _forward_ad._current_level < 0
             # _checks.tracing() inline; export's fake inputs fail the type test above
             and not _is_compiling()
@@ -229,93 +233,43 @@ class DerivedRotation:
             and not _jit_tracing()
             and q.is_cpu
             and k.is_cpu
+            and cos.is_cpu
+            and sin.is_cpu
             and q.shape[0] == k.shape[0]
             and q.shape[-1] == k.shape[-1]
+            and cos.dim() == 3
         ):
             return None
-        entry = self._entry  # one read: another thread may replace it meanwhile
-        if (
-            entry is None
-            or entry[0] is not cos
-            or entry[1] is not sin
-            or entry[2] != cos._version
-            or entry[3] != sin._version
-        ):
-            entry = self._derive(cos, sin)
-            if entry is None:
+        weights = None
+        if norms is not None:
+            weights = self._weights_now(*norms)
+            if weights is None:
                 return None
-        elif cos.requires_grad or sin.requires_grad:  # since they were derived
-            return None  # the full path gives them their gradient
-        weights = None if norms is None else self._weights_for(*norms)
-        if norms is not None and weights is None:
-            return None
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        form, interleaved = self._form, self._interleaved
         try:
             if weights is None:
-                _rotate_into(q, k, q_out, k_out, *entry[4:], None, None, self._interleaved, False)
+                _rotate_into(q, k, q_out, k_out, cos, sin, None, None, interleaved, False, form)
             else:
                 assert _norm_into is not None  # bound with _rotate_into
-                _norm_into(q, k, q_out, k_out, *entry[4:], *weights, self._interleaved)
+                _norm_into(q, k, q_out, k_out, cos, sin, *weights, interleaved, form)
         except RuntimeError:  # the op refused them: the full path explains
             return None
         return q_out, k_out
 
-    def _weights_for(
-        self, qw: torch.Tensor, kw: torch.Tensor, eps: float, offset: float
-    ) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-        """``(q_weight + offset, k_weight + offset, eps)`` in float32 for the op; None where
-        the full path must run (a weight that needs a gradient, or not a plain CPU tensor)."""
-        if type(qw) is not torch.Tensor and not isinstance(qw, torch.nn.Parameter):
-            return None
-        if type(kw) is not torch.Tensor and not isinstance(kw, torch.nn.Parameter):
+    @staticmethod
+    def _weights_now(
+        qw: object, kw: object, eps: float, offset: float
+    ) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
+        """The weights the module holds now, for the op to offset and widen itself; None where
+        the full path must run (a weight that needs a gradient, or not a CPU tensor)."""
+        if not isinstance(qw, torch.Tensor) or not isinstance(kw, torch.Tensor):
             return None
         if _grad_enabled() and (qw.requires_grad or kw.requires_grad):
             return None
-        if not (qw.is_cpu and kw.is_cpu) or qw.is_inference() or kw.is_inference():
+        if not (qw.is_cpu and kw.is_cpu):
             return None
-        # Assigning .data (module.to(dtype) does) swaps the memory without a version bump.
-        state = (qw._version, kw._version, qw.data_ptr(), kw.data_ptr(), qw.dtype, kw.dtype, offset)
-        held = self._weights.get(id(qw))
-        if (
-            held is not None
-            and held[0] is qw  # it is held, so its id is no other tensor's
-            and held[1] is kw
-            and held[2] == state
-        ):
-            return held[3], held[4], eps
-        with torch.no_grad():
-            wq = qw.to(torch.float32) + offset
-            wk = kw.to(torch.float32) + offset
-        if len(self._weights) >= _WEIGHTS_KEPT:
-            self._weights.pop(next(iter(self._weights)))
-        self._weights[id(qw)] = (qw, kw, state, wq, wk)
-        return wq, wk, eps
-
-    def _derive(self, cos: object, sin: object) -> tuple | None:
-        if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
-            return None
-        if cos.requires_grad or sin.requires_grad:
-            return None  # the full path gives the tables their gradient
-        c, s = self._cut(cos), self._cut(sin)
-        if (
-            c.dtype not in _cpu.DTYPES
-            or s.dtype not in _cpu.DTYPES
-            or not (c.is_cpu and s.is_cpu)
-            or c.dim() != 3
-            or c.shape != s.shape
-            or c.numel() > SMALL_TABLE
-        ):
-            return None
-        c, s = c.to(torch.float32).contiguous(), s.to(torch.float32).contiguous()
-        if cos.is_inference() or sin.is_inference():
-            # No version counter to tell a write in place from none: used once, never kept.
-            return (cos, sin, -1, -1, c, s)
-        entry = (cos, sin, cos._version, sin._version, c, s)
-        self._entry = entry
-        return entry
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_entry": None, "_weights": {}}  # a copy derives its own
+        return qw, kw, eps, offset
 
 
 _rotate_into: Callable[..., None] | None = None

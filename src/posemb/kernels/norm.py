@@ -177,7 +177,9 @@ def _fake_backward(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, interleaved, nq,
     return side(nq, q), side(nk, k), weight(nqw, qw), weight(nkw, kw)
 
 
-def _fake_into(q, k, q_out, k_out, cos, sin, q_weight, k_weight, eps, interleaved):
+def _fake_into(
+    q, k, q_out, k_out, cos, sin, q_weight, k_weight, eps, offset, interleaved, table_form=0
+):
     return None
 
 

@@ -77,7 +77,9 @@ def _fake_rotate_cpu_(q, k, cos, sin, k_cos, k_sin, interleaved, conjugate):
     return None
 
 
-def _fake_rotate_cpu_into(q, k, q_out, k_out, cos, sin, k_cos, k_sin, interleaved, conjugate):
+def _fake_rotate_cpu_into(
+    q, k, q_out, k_out, cos, sin, k_cos, k_sin, interleaved, conjugate, table_form=0
+):
     return None
 
 

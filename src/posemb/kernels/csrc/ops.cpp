@@ -3,11 +3,15 @@
 //
 //   posemb::rotate_cpu(q, k, cos, sin, k_cos?, k_sin?, interleaved, conjugate) -> (q', k')
 //   posemb::rotate_cpu_(q!, k!, ...) -> ()            the same, in q's and k's own memory
-//   posemb::_rotate_cpu_into(q, k, q_out!, k_out!, ...) -> ()   into given outputs (eager)
+//   posemb::_rotate_cpu_into(q, k, q_out!, k_out!, ..., table_form=0) -> ()   into given
+//       outputs (eager), tables of any float dtype and strides, cut by table_form
 //   posemb::norm_rotate_cpu(q, k, cos, sin, q_weight, k_weight, eps, interleaved) -> (q', k')
 //       RMSNorm of each head (float32 weights, offset applied by the caller) and the rotation
-//       in one pass; norm_rotate_cpu_ in place; _norm_rotate_cpu_into into given outputs;
-//       norm_rotate_cpu_backward its gradients
+//       in one pass; norm_rotate_cpu_ in place; norm_rotate_cpu_backward its gradients
+//   posemb::_norm_rotate_cpu_into(q, k, q_out!, k_out!, cos, sin, q_weight, k_weight, eps,
+//       weight_offset, interleaved, table_form=0) -> ()   into given outputs, weights and
+//       tables of any float dtype
+//       with their offset added here (the eager decode path inside transformers models)
 //
 // Fake implementations and autograd are registered from Python (posemb/kernels/ops.py).
 //
@@ -133,6 +137,99 @@ void check_table(const Tensor& t, const Tensor& x, const char* name) {
                   x.size(1), ", ", x.size(2), ", ", x.size(3), ")");
 }
 
+// cos and sin as the row loops read them: float32 rows of n, (Bc, S, n) contiguous, the
+// batch stride 0 when one table serves every batch row.
+struct Tables {
+  const float* cos;
+  const float* sin;
+  int64_t n;
+  int64_t batch_stride;
+};
+
+Tables tables_of(const Tensor& cos, const Tensor& sin) {
+  return {static_cast<const float*>(cos.const_data_ptr()),
+          static_cast<const float*>(sin.const_data_ptr()), cos.size(2),
+          cos.size(0) == 1 ? 0 : cos.stride(0)};
+}
+
+float half_bits_to_float(uint16_t h);
+
+// One element of a float32, bfloat16 or float16 tensor, widened.
+float element_at(const void* base, Dtype dtype, int64_t offset) {
+  switch (dtype) {
+    case kF32:
+      return static_cast<const float*>(base)[offset];
+    case kBF16: {
+      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[offset])
+                            << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return f;
+    }
+    case kF16:
+      return half_bits_to_float(static_cast<const uint16_t*>(base)[offset]);
+  }
+  return 0.0f;
+}
+
+// Tables of any float dtype and strides for the _into ops, read in one of three forms: as
+// given, (1 or B, S, n) (form 0); the first half of transformers' cat([c, c]) tables (form 1);
+// every other entry of its repeat_interleave'd ones (form 2). Used in place where the rows are
+// float32 with unit stride, packed into `own` otherwise (a decode step's are batch x n numbers).
+// Transformers hands every layer its tables in the model's dtype and in the cat([c, c]) form:
+// cut and packed in Python that cost a view and two small ops per table (~8 us a layer), and
+// packed once per step and kept, it had to be keyed on the tensors' identity and version
+// counters, which a write through .data does not bump.
+Tables loose_tables(const Tensor& cos, const Tensor& sin, int64_t form, const Tensor& x,
+                    std::vector<float>& own) {
+  STD_TORCH_CHECK(form >= 0 && form <= 2, "posemb::rotate_cpu: table_form must be 0, 1 or 2");
+  // Each stable-ABI accessor is a call through the C shim: each is read once.
+  int64_t size[2][3], stride[2][3];
+  const Tensor* src[2] = {&cos, &sin};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& t = *src[i];
+    STD_TORCH_CHECK(t.is_cpu() && t.dim() == 3, "posemb::rotate_cpu: the tables must be CPU "
+                    "tensors of shape (1 or batch, seq, rotary_dim/2)");
+    for (int d = 0; d < 3; ++d) {
+      size[i][d] = t.size(d);
+      stride[i][d] = t.stride(d);
+    }
+    if (form != 0) size[i][2] /= 2;
+    if (form == 2) stride[i][2] *= 2;
+    STD_TORCH_CHECK((size[i][0] == 1 || size[i][0] == x.size(0)) && size[i][1] == x.size(2) &&
+                        2 * size[i][2] <= x.size(3),
+                    "posemb::rotate_cpu: a table has shape (", size[i][0], ", ", size[i][1],
+                    ", ", size[i][2], "), which does not fit a tensor of shape (", x.size(0),
+                    ", ", x.size(1), ", ", x.size(2), ", ", x.size(3), ")");
+  }
+  STD_TORCH_CHECK(size[0][0] == size[1][0] && size[0][1] == size[1][1] &&
+                      size[0][2] == size[1][2],
+                  "posemb::rotate_cpu: sin must have cos's shape");
+  const int64_t Bc = size[0][0], S = size[0][1], n = size[0][2];
+  const Dtype dtypes[2] = {dtype_of(cos, "cos"), dtype_of(sin, "sin")};
+  bool ready = true;
+  for (int i = 0; i < 2; ++i) {
+    ready = ready && dtypes[i] == kF32 && (n <= 1 || stride[i][2] == 1) &&
+            (S <= 1 || stride[i][1] == n) && stride[0][0] == stride[1][0];
+  }
+  if (ready) {
+    return {static_cast<const float*>(cos.const_data_ptr()),
+            static_cast<const float*>(sin.const_data_ptr()), n, Bc == 1 ? 0 : stride[0][0]};
+  }
+  const int64_t count = Bc * S * n;
+  own.resize(static_cast<size_t>(2 * count));
+  for (int i = 0; i < 2; ++i) {
+    const void* base = src[i]->const_data_ptr();
+    const int64_t s0 = stride[i][0], s1 = stride[i][1], s2 = stride[i][2];
+    float* dst = own.data() + i * count;
+    for (int64_t b = 0; b < Bc; ++b)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t j = 0; j < n; ++j)
+          *dst++ = element_at(base, dtypes[i], b * s0 + s * s1 + j * s2);
+  }
+  return {own.data(), own.data() + count, n, Bc == 1 ? 0 : S * n};
+}
+
 void check_x(const Tensor& x, const char* name) {
   STD_TORCH_CHECK(x.is_cpu() && x.dim() == 4, "posemb::rotate_cpu: ", name,
                   " must be a CPU tensor of shape (batch, heads, seq, head_dim)");
@@ -198,14 +295,14 @@ int64_t grain_of(int64_t D, int64_t tile) {
 }
 
 // Rotate x into out (out may be x) by (cos, sin); both checked.
-void rotate_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
-                 bool interleaved, bool conjugate, bool inplace) {
+void rotate_into(const Tensor& x, const Tables& tab, const Tensor& out, bool interleaved,
+                 bool conjugate, bool inplace) {
   RotateArgs a{};
   a.B = x.size(0);
   a.H = x.size(1);
   a.S = x.size(2);
   a.D = x.size(3);
-  a.n = cos.size(2);
+  a.n = tab.n;
   const int64_t rows = a.B * a.H * a.S;
   if (rows == 0 || a.n == 0) {
     // Nothing to rotate; out of place, the channels are still copied.
@@ -214,13 +311,13 @@ void rotate_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Te
   }
   a.x = x.const_data_ptr();
   a.out = out.mutable_data_ptr();
-  a.cos = static_cast<const float*>(cos.const_data_ptr());
-  a.sin = static_cast<const float*>(sin.const_data_ptr());
+  a.cos = tab.cos;
+  a.sin = tab.sin;
   for (int d = 0; d < 3; ++d) {
     a.xs[d] = x.stride(d);
     a.os[d] = out.stride(d);
   }
-  a.cos_batch_stride = cos.size(0) == 1 ? 0 : cos.stride(0);
+  a.cos_batch_stride = tab.batch_stride;
   a.sign = conjugate ? -1.0f : 1.0f;
   a.copy_tail = !inplace;
   const RowsFn fn = active().rows[dtype_of(x, "x")][interleaved ? 1 : 0];
@@ -285,15 +382,19 @@ void check_all(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor
                   "table one rotary_dim/2");
 }
 
+Tables k_tables(const Tensor& cos, const Tensor& sin, const std::optional<Tensor>& k_cos,
+                const std::optional<Tensor>& k_sin) {
+  return k_cos.has_value() ? tables_of(*k_cos, *k_sin) : tables_of(cos, sin);
+}
+
 std::tuple<Tensor, Tensor> rotate_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin,
                                       std::optional<Tensor> k_cos, std::optional<Tensor> k_sin,
                                       bool interleaved, bool conjugate) {
   check_all(q, k, cos, sin, k_cos, k_sin);
   Tensor q_out = fresh_like(q);
   Tensor k_out = fresh_like(k);
-  rotate_into(q, cos, sin, q_out, interleaved, conjugate, false);
-  rotate_into(k, k_cos.has_value() ? *k_cos : cos, k_sin.has_value() ? *k_sin : sin, k_out,
-              interleaved, conjugate, false);
+  rotate_into(q, tables_of(cos, sin), q_out, interleaved, conjugate, false);
+  rotate_into(k, k_tables(cos, sin, k_cos, k_sin), k_out, interleaved, conjugate, false);
   return {q_out, k_out};
 }
 
@@ -304,9 +405,8 @@ void rotate_cpu_(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tenso
   // one's own elements are checked.
   check_writable(q, "q");
   check_writable(k, "k");
-  rotate_into(q, cos, sin, q, interleaved, conjugate, true);
-  rotate_into(k, k_cos.has_value() ? *k_cos : cos, k_sin.has_value() ? *k_sin : sin, k,
-              interleaved, conjugate, true);
+  rotate_into(q, tables_of(cos, sin), q, interleaved, conjugate, true);
+  rotate_into(k, k_tables(cos, sin, k_cos, k_sin), k, interleaved, conjugate, true);
 }
 
 void check_out(const Tensor& out, const Tensor& x, const char* name) {
@@ -321,11 +421,23 @@ void check_out(const Tensor& out, const Tensor& x, const char* name) {
 // Out of place into outputs the caller allocated: the eager path that needs no autograd
 // (allocating in Python, then this call, took 9 us where the functional op with its autograd
 // wrapper took 17-19 us for a decode step's q and k; a decode step calls it once per layer).
-// The outputs share no memory with each other or the inputs.
+// The outputs share no memory with each other or the inputs. The tables may be of any float
+// dtype and strides (loose_tables): a model's own, as cut from its cat([c, c]) form.
 void rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor cos, Tensor sin,
                      std::optional<Tensor> k_cos, std::optional<Tensor> k_sin, bool interleaved,
-                     bool conjugate) {
-  check_all(q, k, cos, sin, k_cos, k_sin);
+                     bool conjugate, int64_t table_form) {
+  check_x(q, "q");
+  check_x(k, "k");
+  STD_TORCH_CHECK(q.scalar_type() == k.scalar_type(), "posemb::rotate_cpu: q and k must "
+                  "have one dtype");
+  STD_TORCH_CHECK(k_cos.has_value() == k_sin.has_value(),
+                  "posemb::rotate_cpu: k_cos and k_sin go together");
+  std::vector<float> own, k_own;
+  const Tables q_tab = loose_tables(cos, sin, table_form, q, own);
+  const Tables k_tab = k_cos.has_value() ? loose_tables(*k_cos, *k_sin, table_form, k, k_own)
+                                         : loose_tables(cos, sin, table_form, k, k_own);
+  STD_TORCH_CHECK(k_tab.n == q_tab.n, "posemb::rotate_cpu: every table must have one "
+                  "rotary_dim/2");
   check_out(q_out, q, "q_out");
   check_out(k_out, k, "k_out");
   STD_TORCH_CHECK(!overlap(q_out, k_out) && !overlap(q_out, q) && !overlap(q_out, k) &&
@@ -335,9 +447,8 @@ void rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor cos,
   // The caller allocated them just now (posemb's eager path): advised as rotate_cpu's are.
   advise_huge_pages(q_out);
   advise_huge_pages(k_out);
-  rotate_into(q, cos, sin, q_out, interleaved, conjugate, false);
-  rotate_into(k, k_cos.has_value() ? *k_cos : cos, k_sin.has_value() ? *k_sin : sin, k_out,
-              interleaved, conjugate, false);
+  rotate_into(q, q_tab, q_out, interleaved, conjugate, false);
+  rotate_into(k, k_tab, k_out, interleaved, conjugate, false);
 }
 
 // --- QK-norm + rotation (norm.inc) ----------------------------------------------------------
@@ -349,6 +460,45 @@ void check_weight(const Tensor& w, const Tensor& x, const char* name) {
                   "of shape (head_dim,) = (", x.size(3), ",)");
 }
 
+const float* f32(const Tensor& w) { return static_cast<const float*>(w.const_data_ptr()); }
+
+// One IEEE half's bits as a float (subnormals, infinities and NaN included).
+float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise the mantissa
+    exp = 113u;
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// A norm weight (head_dim,) of float32, bfloat16 or float16 as float32 with offset added.
+std::vector<float> offset_weight(const Tensor& w, const Tensor& x, double offset,
+                                 const char* name) {
+  STD_TORCH_CHECK(w.is_cpu() && w.is_contiguous() && w.dim() == 1 && w.size(0) == x.size(3),
+                  "posemb::_norm_rotate_cpu_into: ", name, " must be a contiguous CPU tensor "
+                  "of shape (head_dim,) = (", x.size(3), ",)");
+  const Dtype dtype = dtype_of(w, name);
+  const void* base = w.const_data_ptr();
+  std::vector<float> out(static_cast<size_t>(w.size(0)));
+  const float off = static_cast<float>(offset);
+  for (int64_t j = 0; j < w.size(0); ++j) out[j] = element_at(base, dtype, j) + off;
+  return out;
+}
+
 void check_norm(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
                 const Tensor& q_weight, const Tensor& k_weight, double eps) {
   check_all(q, k, cos, sin, std::nullopt, std::nullopt);
@@ -357,28 +507,28 @@ void check_norm(const Tensor& q, const Tensor& k, const Tensor& cos, const Tenso
   STD_TORCH_CHECK(eps > 0.0, "posemb::norm_rotate_cpu: eps must be > 0");
 }
 
-void fill_common(const Tensor& x, const Tensor& cos, int64_t& B, int64_t& H, int64_t& S,
+void fill_common(const Tensor& x, const Tables& tab, int64_t& B, int64_t& H, int64_t& S,
                  int64_t& D, int64_t& n, int64_t xs[3], int64_t& cos_batch_stride) {
   B = x.size(0);
   H = x.size(1);
   S = x.size(2);
   D = x.size(3);
-  n = cos.size(2);
+  n = tab.n;
   for (int d = 0; d < 3; ++d) xs[d] = x.stride(d);
-  cos_batch_stride = cos.size(0) == 1 ? 0 : cos.stride(0);
+  cos_batch_stride = tab.batch_stride;
 }
 
 // Normalise and rotate x into out (out may be x).
-void norm_into(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& w,
-               double eps, const Tensor& out, bool interleaved) {
+void norm_into(const Tensor& x, const Tables& tab, const float* w, double eps, const Tensor& out,
+               bool interleaved) {
   NormArgs a{};
-  fill_common(x, cos, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
+  fill_common(x, tab, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
   if (x.numel() == 0) return;
   a.x = x.const_data_ptr();
   a.out = out.mutable_data_ptr();
-  a.cos = static_cast<const float*>(cos.const_data_ptr());
-  a.sin = static_cast<const float*>(sin.const_data_ptr());
-  a.w = static_cast<const float*>(w.const_data_ptr());
+  a.cos = tab.cos;
+  a.sin = tab.sin;
+  a.w = w;
   for (int d = 0; d < 3; ++d) a.os[d] = out.stride(d);
   a.eps = static_cast<float>(eps);
   a.tile = tile_of(a.S, a.n);
@@ -394,8 +544,8 @@ std::tuple<Tensor, Tensor> norm_rotate_cpu(Tensor q, Tensor k, Tensor cos, Tenso
   check_norm(q, k, cos, sin, q_weight, k_weight, eps);
   Tensor q_out = fresh_like(q);
   Tensor k_out = fresh_like(k);
-  norm_into(q, cos, sin, q_weight, eps, q_out, interleaved);
-  norm_into(k, cos, sin, k_weight, eps, k_out, interleaved);
+  norm_into(q, tables_of(cos, sin), f32(q_weight), eps, q_out, interleaved);
+  norm_into(k, tables_of(cos, sin), f32(k_weight), eps, k_out, interleaved);
   return {q_out, k_out};
 }
 
@@ -404,25 +554,39 @@ void norm_rotate_cpu_(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weigh
   check_norm(q, k, cos, sin, q_weight, k_weight, eps);
   check_writable(q, "q");
   check_writable(k, "k");
-  norm_into(q, cos, sin, q_weight, eps, q, interleaved);
-  norm_into(k, cos, sin, k_weight, eps, k, interleaved);
+  norm_into(q, tables_of(cos, sin), f32(q_weight), eps, q, interleaved);
+  norm_into(k, tables_of(cos, sin), f32(k_weight), eps, k, interleaved);
 }
 
 // Into outputs the caller allocated (the eager path with no autograd, as _rotate_cpu_into):
-// a decode step inside a model calls this once per layer.
+// a decode step inside a model calls this once per layer, with the weights the norm modules
+// hold at that call, in their own dtype, and the form's offset (Gemma's 1 + w). Forming
+// w + offset in float32 here costs head_dim adds; formed in Python it cost two small ops per
+// weight (~6 us each), and kept between calls it went stale under writes that bump no version
+// counter (a fused optimizer step, a write through .data).
 void norm_rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor cos, Tensor sin,
-                          Tensor q_weight, Tensor k_weight, double eps, bool interleaved) {
-  check_norm(q, k, cos, sin, q_weight, k_weight, eps);
+                          Tensor q_weight, Tensor k_weight, double eps, double weight_offset,
+                          bool interleaved, int64_t table_form) {
+  check_x(q, "q");
+  check_x(k, "k");
+  STD_TORCH_CHECK(q.scalar_type() == k.scalar_type(), "posemb::rotate_cpu: q and k must "
+                  "have one dtype");
+  std::vector<float> own, k_own;
+  const Tables q_tab = loose_tables(cos, sin, table_form, q, own);
+  const Tables k_tab = loose_tables(cos, sin, table_form, k, k_own);
+  STD_TORCH_CHECK(eps > 0.0, "posemb::_norm_rotate_cpu_into: eps must be > 0");
   check_out(q_out, q, "q_out");
   check_out(k_out, k, "k_out");
   STD_TORCH_CHECK(!overlap(q_out, k_out) && !overlap(q_out, q) && !overlap(q_out, k) &&
                       !overlap(k_out, q) && !overlap(k_out, k),
                   "posemb::_norm_rotate_cpu_into: the outputs must not share memory with each "
                   "other or with the inputs (norm_rotate_cpu_ works in place)");
+  const std::vector<float> wq = offset_weight(q_weight, q, weight_offset, "q_weight");
+  const std::vector<float> wk = offset_weight(k_weight, k, weight_offset, "k_weight");
   advise_huge_pages(q_out);
   advise_huge_pages(k_out);
-  norm_into(q, cos, sin, q_weight, eps, q_out, interleaved);
-  norm_into(k, cos, sin, k_weight, eps, k_out, interleaved);
+  norm_into(q, q_tab, wq.data(), eps, q_out, interleaved);
+  norm_into(k, k_tab, wk.data(), eps, k_out, interleaved);
 }
 
 // The gradients of one side: dx (when need_x) and the weight's dw (when need_w), from the
@@ -432,15 +596,16 @@ void norm_rotate_cpu_into(Tensor q, Tensor k, Tensor q_out, Tensor k_out, Tensor
 void norm_backward_into(const Tensor& g, const Tensor& x, const Tensor& cos, const Tensor& sin,
                         const Tensor& w, double eps, bool interleaved, Tensor* dx, Tensor* dw) {
   NormBackwardArgs a{};
-  fill_common(x, cos, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
+  const Tables tab = tables_of(cos, sin);
+  fill_common(x, tab, a.B, a.H, a.S, a.D, a.n, a.xs, a.cos_batch_stride);
   const int64_t D = a.D;
   if (dw != nullptr) torch::stable::zero_(*dw);
   if (x.numel() == 0) return;
   a.x = x.const_data_ptr();
   a.g = g.const_data_ptr();
   a.dx = dx != nullptr ? dx->mutable_data_ptr() : nullptr;
-  a.cos = static_cast<const float*>(cos.const_data_ptr());
-  a.sin = static_cast<const float*>(sin.const_data_ptr());
+  a.cos = tab.cos;
+  a.sin = tab.sin;
   a.w = static_cast<const float*>(w.const_data_ptr());
   for (int d = 0; d < 3; ++d) {
     a.gs[d] = g.stride(d);
@@ -511,7 +676,8 @@ STABLE_TORCH_LIBRARY(posemb, m) {
       "Tensor? k_sin, bool interleaved, bool conjugate) -> ()");
   m.def(
       "_rotate_cpu_into(Tensor q, Tensor k, Tensor(a!) q_out, Tensor(b!) k_out, Tensor cos, "
-      "Tensor sin, Tensor? k_cos, Tensor? k_sin, bool interleaved, bool conjugate) -> ()");
+      "Tensor sin, Tensor? k_cos, Tensor? k_sin, bool interleaved, bool conjugate, "
+      "int table_form=0) -> ()");
   m.def(
       "norm_rotate_cpu(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor q_weight, "
       "Tensor k_weight, float eps, bool interleaved) -> (Tensor, Tensor)");
@@ -520,7 +686,8 @@ STABLE_TORCH_LIBRARY(posemb, m) {
       "Tensor k_weight, float eps, bool interleaved) -> ()");
   m.def(
       "_norm_rotate_cpu_into(Tensor q, Tensor k, Tensor(a!) q_out, Tensor(b!) k_out, Tensor cos, "
-      "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, bool interleaved) -> ()");
+      "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, float weight_offset, "
+      "bool interleaved, int table_form=0) -> ()");
   m.def(
       "norm_rotate_cpu_backward(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, "
       "Tensor sin, Tensor q_weight, Tensor k_weight, float eps, bool interleaved, bool need_q, "
