@@ -131,14 +131,12 @@ def test_place_around_is_uniform_over_layouts():
 def test_bad_sizes_and_distances_are_refused_naming_the_setting():
     gen = torch.Generator()
     with pytest.raises(
-        InputError, match=r"LabConfig.multikey_needles 5 needs 20 positions .* window of 16"
+        InputError, match=r"--multikey-needles 5 needs 20 positions .* window of 16"
     ):
         mk.training_batch(2, 16, 5, gen)
-    with pytest.raises(
-        InputError, match=r"LabConfig.multikey_needles must be an integer in 1\.\.16"
-    ):
+    with pytest.raises(InputError, match=r"--multikey-needles must be an integer in 1\.\.16"):
         mk.check_sizes(17, 1024)
-    with pytest.raises(InputError, match=r"LabConfig.multikey_needles must be an integer"):
+    with pytest.raises(InputError, match=r"--multikey-needles must be an integer"):
         mk.check_sizes(0, 64)
     with pytest.raises(InputError, match=r"probe distances must be in 3\.\.63"):
         mk.probes([2], 64, 4, gen)

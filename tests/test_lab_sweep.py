@@ -59,6 +59,28 @@ def test_quick_protocol_sinusoidal_collapses_past_training_length_alibi_does_not
     assert past["sinusoidal"] > past["alibi"], past
 
 
+def test_quick_runs_every_task_of_the_recent_suite(tmp_path, capsys):
+    """--quick with any task of the suites: each sized to the 32-token window (vartrack's
+    default 8 chains need 56 positions, and the run once exited 2 naming no flag)."""
+    from posemb.lab.config import SUITES
+
+    tasks = SUITES["recent"][1]
+    short = ["--steps", "3", "--retrieval-steps", "3", "--multikey-steps", "3"]
+    short += ["--vartrack-steps", "3", "--flipflop-steps", "3"]
+    argv = ["lab", "--quick", "--variants", "rope", "--tasks", *tasks, *short]
+    assert cli.main([*argv, "--out", str(tmp_path / "q")]) == 0
+    data = json.loads((tmp_path / "q" / "results.json").read_text())
+    for task in ("multikey", "vartrack", "flipflop", "retrieval"):
+        assert task in json.dumps(data), task
+    capsys.readouterr()
+    # Sizes a window cannot hold are refused naming the flags that set them.
+    argv = [*argv, "--vartrack-chains", "5", "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--vartrack-chains 5 with --vartrack-hops 1 need 35 positions" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_finetune_adds_a_position_interpolation_variant(tmp_path):
     cfg = dataclasses.replace(TINY, variants=("rope+pi",), finetune_len=32, finetune_steps=5)
     summary = sweep.run(cfg, str(tmp_path), quiet=True)

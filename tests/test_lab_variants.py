@@ -143,9 +143,9 @@ def test_an_extension_is_refused_where_it_would_drop_part_of_the_attention(encod
 
 
 def test_task_sizes_that_cannot_fit_the_training_window_are_refused_by_setting():
-    with pytest.raises(ValueError, match=r"LabConfig.vartrack_chains 8 .* window of 32"):
+    with pytest.raises(ValueError, match=r"--vartrack-chains 8 .* window of 32"):
         LabConfig(train_len=32, eval_lens=(32, 64), tasks=("lm", "vartrack"))
-    with pytest.raises(ValueError, match=r"LabConfig.multikey_needles 9 needs 36 positions"):
+    with pytest.raises(ValueError, match=r"--multikey-needles 9 needs 36 positions"):
         LabConfig(train_len=32, eval_lens=(32, 64), tasks=("multikey",), multikey_needles=9)
     # A run without the task is not held to its sizes.
     LabConfig(train_len=32, eval_lens=(32, 64), tasks=("lm",), multikey_needles=9)

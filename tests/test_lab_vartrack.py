@@ -163,16 +163,16 @@ def test_bad_sizes_and_distances_are_refused_naming_the_setting():
     gen = torch.Generator()
     with pytest.raises(
         InputError,
-        match=r"LabConfig.vartrack_chains 5 with LabConfig.vartrack_hops 1 need 35 positions .* 32",
+        match=r"--vartrack-chains 5 with --vartrack-hops 1 need 35 positions .* 32",
     ):
         vt.training_batch(2, 32, 1, 5, gen)
     with pytest.raises(
-        InputError, match=r"LabConfig.vartrack_chains 6 with LabConfig.vartrack_hops 2 need 18 "
+        InputError, match=r"--vartrack-chains 6 with --vartrack-hops 2 need 18 "
     ):
         vt.check_sizes(2, 6, 4096)
-    with pytest.raises(InputError, match=r"LabConfig.vartrack_hops must be an integer >= 1, got 0"):
+    with pytest.raises(InputError, match=r"--vartrack-hops must be an integer >= 1, got 0"):
         vt.check_sizes(0, 2, 64)
-    with pytest.raises(InputError, match=r"LabConfig.vartrack_chains must be an integer >= 1"):
+    with pytest.raises(InputError, match=r"--vartrack-chains must be an integer >= 1"):
         vt.check_sizes(1, 1.5, 64)  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"probe distances must be in 4\.\.63"):
         vt.probes([3], 64, 1, 4, gen)

@@ -354,7 +354,10 @@ def _cmd_lab(args: argparse.Namespace) -> int:
             "tasks": tuple(args.tasks) if args.tasks else None,
             "retrieval_steps": args.retrieval_steps,
             "multikey_steps": args.multikey_steps,
+            "multikey_needles": args.multikey_needles,
             "vartrack_steps": args.vartrack_steps,
+            "vartrack_hops": args.vartrack_hops,
+            "vartrack_chains": args.vartrack_chains,
             "flipflop_steps": args.flipflop_steps,
             "race_len": args.race_len,
             "race_steps": tuple(args.race_steps) if args.race_steps else None,
@@ -637,7 +640,18 @@ def _add_lab(sub: Any) -> None:
     )
     lab.add_argument("--retrieval-steps", type=int, help="training steps per retrieval model")
     lab.add_argument("--multikey-steps", type=int, help="training steps per multikey model")
+    lab.add_argument(
+        "--multikey-needles", type=int, help="needles in a multikey window (4 positions each)"
+    )
     lab.add_argument("--vartrack-steps", type=int, help="training steps per vartrack model")
+    lab.add_argument(
+        "--vartrack-hops", type=int, help="variable-to-variable hops in a vartrack chain"
+    )
+    lab.add_argument(
+        "--vartrack-chains",
+        type=int,
+        help="chains in a vartrack window, one queried (each 4 * hops + 3 positions)",
+    )
     lab.add_argument("--flipflop-steps", type=int, help="training steps per flipflop model")
     lab.add_argument("--race-len", type=int, help="length the race fine-tunes at (default 4x)")
     lab.add_argument("--race-steps", type=int, nargs="+", help="race milestones N (steps)")

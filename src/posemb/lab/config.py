@@ -108,7 +108,10 @@ _CLI_FLAGS = frozenset(
         "tasks",
         "retrieval_steps",
         "multikey_steps",
+        "multikey_needles",
         "vartrack_steps",
+        "vartrack_hops",
+        "vartrack_chains",
         "flipflop_steps",
         "race_len",
         "race_steps",
@@ -467,6 +470,14 @@ def quick_config(**overrides: Any) -> LabConfig:
         race_len=64,
         race_steps=(0, 20, 40),
         race_entrants=("rope", "rope+pi", "rope+yarn"),
+        # Every task of the suites sized to the 32-token window (vartrack's default 8 chains
+        # need 56 positions; multikey's 8 needles fill it exactly), and a few hundred steps
+        # each: --tasks may name any of them with --quick.
+        multikey_needles=4,
+        multikey_steps=200,
+        vartrack_chains=4,
+        vartrack_steps=200,
+        flipflop_steps=200,
     )
     return dataclasses.replace(base, **overrides)
 

@@ -71,12 +71,11 @@ def check_sizes(needles: int, length: int) -> None:
     """
     if isinstance(needles, bool) or not isinstance(needles, int) or not 1 <= needles <= KEYS:
         raise InputError(
-            f"LabConfig.multikey_needles must be an integer in 1..{KEYS} (one key each), got "
-            f"{needles!r}"
+            f"--multikey-needles must be an integer in 1..{KEYS} (one key each), got {needles!r}"
         )
     if 4 * needles > length:
         raise InputError(
-            f"LabConfig.multikey_needles {needles} needs {4 * needles} positions (each needle "
+            f"--multikey-needles {needles} needs {4 * needles} positions (each needle "
             f"and its query, two tokens each) in a window of {length}, which holds at most "
             f"{length // 4}"
         )

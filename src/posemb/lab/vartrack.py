@@ -87,19 +87,19 @@ def check_sizes(hops: int, chains: int, length: int) -> None:
     cannot hold: ``hops >= 1``, ``chains >= 1``, ``chains * (hops + 1) <= NAMES`` distinct
     variables and ``chains * (4 * hops + 3) <= length`` positions for a training window (each
     chain's root, hops and the queries of its variables). Probes then always fit."""
-    for flag, v in (("LabConfig.vartrack_hops", hops), ("LabConfig.vartrack_chains", chains)):
+    for flag, v in (("--vartrack-hops", hops), ("--vartrack-chains", chains)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(f"{flag} must be an integer >= 1, got {v!r}")
     if chains * (hops + 1) > NAMES:
         raise InputError(
-            f"LabConfig.vartrack_chains {chains} with LabConfig.vartrack_hops {hops} need "
+            f"--vartrack-chains {chains} with --vartrack-hops {hops} need "
             f"{chains * (hops + 1)} distinct variables ({hops + 1} a chain); there are {NAMES}: "
             f"allowed chains * (hops + 1) <= {NAMES}"
         )
     need = chains * (4 * hops + 3)
     if need > length:
         raise InputError(
-            f"LabConfig.vartrack_chains {chains} with LabConfig.vartrack_hops {hops} need {need} "
+            f"--vartrack-chains {chains} with --vartrack-hops {hops} need {need} "
             f"positions (each chain's root, {hops} two-token hops and {hops + 1} two-token "
             f"queries) in a window of {length}: allowed chains * (4 * hops + 3) <= {length}"
         )
