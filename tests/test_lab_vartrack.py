@@ -166,9 +166,7 @@ def test_bad_sizes_and_distances_are_refused_naming_the_setting():
         match=r"--vartrack-chains 5 with --vartrack-hops 1 need 35 positions .* 32",
     ):
         vt.training_batch(2, 32, 1, 5, gen)
-    with pytest.raises(
-        InputError, match=r"--vartrack-chains 6 with --vartrack-hops 2 need 18 "
-    ):
+    with pytest.raises(InputError, match=r"--vartrack-chains 6 with --vartrack-hops 2 need 18 "):
         vt.check_sizes(2, 6, 4096)
     with pytest.raises(InputError, match=r"--vartrack-hops must be an integer >= 1, got 0"):
         vt.check_sizes(0, 2, 64)

@@ -5,6 +5,14 @@ contract as the ``*RotaryEmbedding`` module it replaces (the form of the tables 
 attention expects, see :attr:`posemb.hf.families.Family.tables`), with the tables computed by
 posemb from the model's config. Query temperatures (Llama 4, Ministral 3) are applied by the
 model's attention from its config, so they are untouched by the swap.
+
+What :class:`HFRotaryEmbedding` keeps: each rotary module's tables formed in the family's
+layout (``_forms``), keyed on the module's key, device and dtype and held beside the posemb
+table they were formed from, which is itself keyed on everything it is a function of (device,
+dtype, scaling, base, rotary_dim, length bucket: :class:`posemb.RotaryEmbedding`); and the
+last decode step's memo (``_decode``), checked against the module it came from (held, so never
+another's) and that module's scaling, base and rotary_dim at each call. Neither reads a version
+counter or a data pointer, and neither is handed out: callers get gathered copies.
 """
 
 from __future__ import annotations

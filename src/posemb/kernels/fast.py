@@ -19,6 +19,17 @@ The tables a rotary module forms for a decode step's positions are also kept
 (:class:`TableMemo`), keyed on the position *values* (read on the host, as the full path reads
 them anyway), never on a tensor's identity: a positions tensor freed and another allocated at
 the same address, or written in place, can never be served another step's angles.
+
+What each cache here is keyed on (nothing rests on a version counter, a data pointer or a
+tensor's identity; a fused optimizer step and a write through ``.data`` bump no counter):
+
+- ``_last_rotate``: the signature of the last call that passed every check (shapes, strides,
+  dtypes, devices, ``requires_grad``, grad mode, layout). It selects which checks to skip, never
+  a value: what is computed is always computed from the call's own tensors.
+- :data:`TABLES`: one entry, keyed on the rotary module's type, scaling, base and rotary_dim and
+  the positions' shape and values: everything the tables are a function of.
+- :class:`DerivedRotation`: nothing. The ``_into`` ops read the model's tables and the norms'
+  weights as they are at each call, in their own dtype and strides.
 """
 
 from __future__ import annotations
