@@ -36,3 +36,27 @@ def test_hf_bench_refuses_kernel_shapes(capsys):
     pytest.importorskip("transformers")
     assert cli.main(["bench", "--hf", "--quick", "--shapes", "decode"]) == 2
     assert "--shapes names kernel shapes" in capsys.readouterr().err
+
+
+def test_a_peers_context_is_made_afresh_for_every_step(monkeypatch):
+    """On CUDA, Liger's context (a @contextmanager object, which can be entered once) was made
+    once per method and entered every round: the bench crashed on its second round. Here a
+    fake peer whose every context object refuses a second entry runs every round on the CPU."""
+    pytest.importorskip("transformers")
+    import contextlib
+
+    from posemb.bench import hf as bench_hf
+
+    made = []
+
+    @contextlib.contextmanager
+    def once(model):
+        made.append(model)
+        yield
+
+    monkeypatch.setattr(bench_hf, "_liger", once)
+    monkeypatch.setattr(bench_hf, "_available", lambda dev: ["eager", "liger"])
+    rows = bench_hf.run("cpu", quick=True, repeats=3)
+    assert {r.method for r in rows} == {"eager", "liger"}
+    # 3 parts x 2 modes x (2 warm-ups + 3 rounds): one context made per step, none re-entered
+    assert len(made) == 3 * 2 * (2 + 3)

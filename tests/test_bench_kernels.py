@@ -69,11 +69,20 @@ def test_an_earlier_bench_csv_is_still_recognised_as_ours():
     """--out overwrites only a bench CSV: one written before the machine's columns counts."""
     from posemb.bench import hf as bench_hf
     from posemb.bench.kernels import MACHINE_FIELDS, Row
+    from posemb.bench.outputs import is_bench_csv
 
     old = [f for f in Row.__dataclass_fields__ if f not in MACHINE_FIELDS]
-    assert bench_hf.is_bench_csv((",".join(old) + "\n1,2\n").encode())
+    assert is_bench_csv((",".join(old) + "\n1,2\n").encode())
     old_hf = [f for f in bench_hf.HFRow.__dataclass_fields__
               if f not in (*MACHINE_FIELDS, "cpu_op", "triton")]  # fmt: skip
     assert old_hf[-1] == "timestamp"
-    assert bench_hf.is_bench_csv(",".join(old_hf).encode())
-    assert not bench_hf.is_bench_csv(b"name,value\n")
+    assert is_bench_csv(",".join(old_hf).encode())
+    assert not is_bench_csv(b"name,value\n")
+
+
+def test_the_old_name_of_is_bench_csv_still_works_with_a_warning():
+    from posemb.bench import hf as bench_hf
+    from posemb.bench.outputs import is_bench_csv
+
+    with pytest.warns(DeprecationWarning, match="posemb.bench.outputs.is_bench_csv"):
+        assert bench_hf.is_bench_csv is is_bench_csv

@@ -196,6 +196,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import hf as hf_bench
     from .bench import kernels as bench
+    from .bench.outputs import is_bench_csv
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -203,7 +204,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         from ._owned import check_output_file
 
-        check_output_file(args.out, "--out", hf_bench.is_bench_csv, force=args.force)
+        check_output_file(args.out, "--out", is_bench_csv, force=args.force)
     one_off: dict[str, float] = {}
     chosen = [flag for flag in ("hf", "decode", "norm") if getattr(args, flag)]
     if len(chosen) > 1:

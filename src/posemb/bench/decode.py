@@ -42,8 +42,8 @@ from .._errors import InputError
 from .._extras import require
 from ..kernels.layout import Layout
 from ..rope import RotaryEmbedding
-from .hf import _rounds
 from .kernels import Machine, bench_device, describe_machine, machine
+from .timing import rounds
 
 LAYERS = 32
 HEADS, KV_HEADS, HEAD_DIM, THETA = 32, 8, 128, 500000.0
@@ -244,7 +244,7 @@ def run(
         for part, (methods, calls, default) in parts.items():
             reps = repeats or (3 if quick else default)
             with torch.no_grad():
-                times = _rounds(_repeated(methods, calls), reps, sync)
+                times = rounds(_repeated(methods, calls), reps, sync)
             rows += _rows(part, batch, dtype, calls, times, meta, progress)
     return rows
 

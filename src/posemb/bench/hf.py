@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
+import functools
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,8 @@ from torch import nn
 
 from .._errors import InputError
 from .._extras import require
-from .kernels import MACHINE_FIELDS, Row, bench_device, describe_machine, machine
+from .kernels import bench_device, describe_machine, machine
+from .timing import rounds
 
 PARTS = ("decoder layer", "model", "rotation")
 METHODS = ("eager", "patch_rotary", "patch_rotary fused", "liger")
@@ -154,8 +154,9 @@ def _available(device: torch.device) -> list[str]:
 
 
 def _models(base: nn.Module, methods: list[str]) -> dict[str, tuple[nn.Module, Any]]:
-    """A deep copy of ``base`` per method, patched as the method says, with the context its
-    steps run in."""
+    """A deep copy of ``base`` per method, patched as the method says, with a factory of the
+    context its steps run in: a fresh one per step (a ``@contextmanager`` object can be entered
+    once, so one made per method crashed the second round on CUDA)."""
     from ..hf import patch_rotary
 
     out = {}
@@ -165,29 +166,9 @@ def _models(base: nn.Module, methods: list[str]) -> dict[str, tuple[nn.Module, A
             patch_rotary(model)
         elif method == "patch_rotary fused":
             patch_rotary(model, fused=True)
-        ctx = _liger(model) if method == "liger" else contextlib.nullcontext()
+        ctx = functools.partial(_liger, model) if method == "liger" else contextlib.nullcontext
         out[method] = (model, ctx)
     return out
-
-
-def _rounds(steps: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None]):
-    """Each step timed ``repeats`` times, one of each per round (ms), after two warm-ups."""
-    for step in steps.values():
-        step()
-        step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    names = list(steps)
-    for i in range(repeats):
-        # Each round starts with another method: none always runs first (after the previous
-        # round's last step has left the allocator in its state).
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            step = steps[name]
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def _layer_steps(models, setup, dtype, device) -> dict[str, tuple[Callable, Callable]]:
@@ -204,12 +185,12 @@ def _layer_steps(models, setup, dtype, device) -> dict[str, tuple[Callable, Call
             tables = inner.rotary_emb(x, pos)
 
         def forward(layer=layer, tables=tables, ctx=ctx):
-            with ctx, torch.no_grad():
+            with ctx(), torch.no_grad():
                 return layer(x, position_embeddings=tables, position_ids=pos)
 
         def both(layer=layer, tables=tables, ctx=ctx):
             xg = x.detach().requires_grad_()
-            with ctx:
+            with ctx():
                 out = layer(xg, position_embeddings=tables, position_ids=pos)
                 out = out[0] if isinstance(out, tuple) else out
                 out.backward(grad)
@@ -226,11 +207,11 @@ def _model_steps(models, setup, device) -> dict[str, tuple[Callable, Callable]]:
     for method, (model, ctx) in models.items():
 
         def forward(model=model, ctx=ctx):
-            with ctx, torch.no_grad():
+            with ctx(), torch.no_grad():
                 return model(input_ids=ids).logits
 
         def both(model=model, ctx=ctx):
-            with ctx:
+            with ctx():
                 model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)
 
@@ -262,12 +243,12 @@ def _rotation_steps(models, setup, dtype, device) -> dict[str, tuple[Callable, C
             return fn(a, b, cos, sin)
 
         def forward(rotate=rotate, ctx=ctx):
-            with ctx, torch.no_grad():
+            with ctx(), torch.no_grad():
                 for _ in range(setup.layers):
                     rotate(q, k)
 
         def both(rotate=rotate, ctx=ctx):
-            with ctx:
+            with ctx():
                 for _ in range(setup.layers):
                     qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()
                     torch.autograd.backward(rotate(qg, kg), (gq, gk))
@@ -327,7 +308,7 @@ def run(
     for part, steps in parts.items():
         n = reps if (part != "model" or quick or dev.type == "cuda" or repeats) else 3
         for mode, index in (("forward", 0), ("forward+backward", 1)):
-            times = _rounds({m: s[index] for m, s in steps.items()}, n, sync)
+            times = rounds({m: s[index] for m, s in steps.items()}, n, sync)
             rows += _rows(part, mode, times, meta, progress)
     _shares(rows, setup)
     return rows
@@ -376,27 +357,20 @@ def summary(rows: list[HFRow]) -> str:
     return "\n".join(lines)
 
 
-def is_bench_csv(data: bytes) -> bool:
-    """Whether a file's bytes are an earlier ``posemb bench --out`` CSV (of either kind): its
-    first line is the header :func:`posemb.bench.kernels.write_csv` writes for them."""
-    first = data.split(b"\n", 1)[0].rstrip(b"\r")
-    # Each kind's header now, and before the machine's columns (for --hf, with cpu_op and
-    # triton) were added at its end.
-    from .decode import DecodeRow
-    from .norm import NormRow
+def __getattr__(name: str) -> object:
+    # is_bench_csv moved to posemb.bench.outputs, which sits above every bench; imported by
+    # name here so that this module does not import a module above it.
+    if name == "is_bench_csv":
+        import importlib
+        import warnings
 
-    added: dict[type, tuple[str, ...]] = {
-        Row: MACHINE_FIELDS,
-        HFRow: (*MACHINE_FIELDS, "cpu_op", "triton"),
-        DecodeRow: (),
-        NormRow: (),
-    }
-    headers = set()
-    for cls, new in added.items():
-        fields = [f.name for f in dataclasses.fields(cls)]
-        headers.add(",".join(fields).encode())
-        headers.add(",".join(f for f in fields if f not in new).encode())
-    return first in headers
+        warnings.warn(
+            "posemb.bench.hf.is_bench_csv is moved to posemb.bench.outputs.is_bench_csv",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("posemb.bench.outputs").is_bench_csv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["METHODS", "PARTS", "HFRow", "Setup", "is_bench_csv", "run", "summary"]
+__all__ = ["METHODS", "PARTS", "HFRow", "Setup", "run", "summary"]

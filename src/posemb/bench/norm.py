@@ -30,8 +30,8 @@ import torch
 from .. import kernels
 from ..kernels.reference import apply_rope
 from ..rope import RotaryEmbedding
-from .hf import _rounds
 from .kernels import Machine, bench_device, describe_machine, machine
+from .timing import rounds
 
 SHAPE_Q, SHAPE_K = (4, 32, 2048, 128), (4, 8, 2048, 128)
 QUICK_Q, QUICK_K = (1, 4, 64, 64), (1, 2, 64, 64)
@@ -141,7 +141,7 @@ def run(
                 step()
                 first[name] = (time.perf_counter() - t0) * 1e3
             sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-            times = _rounds(steps, reps, sync)
+            times = rounds(steps, reps, sync)
             moved = (q.numel() + k.numel()) * q.element_size() * (5 if backward else 2)
             where = ("x".join(map(str, shape_q)) + "+" + "x".join(map(str, shape_k)), dtype_name)
             rows += _rows(where, mode, times, first, moved, meta, progress)
