@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import posemb
+from devices import device_of
 from posemb.axial import AxialRotaryEmbedding
 from tolerances import assert_close
 
@@ -11,6 +12,7 @@ F64 = torch.float64
 
 
 def _grid(h, w):
+    # cpu: patch positions; the module's tables are formed where its q and k are
     return torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1)
 
 
@@ -82,8 +84,9 @@ def test_fused_per_token_tables_match_the_reference_forward_and_backward(backend
     if backend == "cpu" and posemb.kernels.status()["cpu"] != "available":
         pytest.skip(posemb.kernels.status()["cpu"])
     pos = _grid(5, 4).reshape(-1, 2)
-    q = torch.randn(2, 4, 20, 32, requires_grad=True)
-    k = torch.randn(2, 2, 20, 32, requires_grad=True)
+    device = device_of(backend)  # the reference and the CPU op: "cpu" on every host
+    q = torch.randn(2, 4, 20, 32, device=device, requires_grad=True)
+    k = torch.randn(2, 2, 20, 32, device=device, requires_grad=True)
     fused = AxialRotaryEmbedding(32, backend=backend, order=order, layout=layout)
     plain = AxialRotaryEmbedding(32, backend="reference", order=order, layout=layout)
     a = fused(q, k, pos)

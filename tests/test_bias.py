@@ -8,6 +8,7 @@ from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import posemb
+from devices import device_of
 from posemb.bias import relative_positions
 from tolerances import TOL, assert_close
 
@@ -223,7 +224,7 @@ def test_bad_input(call, match):
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_xpos_fused_matches_reference_forward_and_backward(backend):
     """xPos runs through the fused op with key tables of its own; gradients flow back."""
-    device = "cuda" if torch.cuda.is_available() and backend == "triton" else "cpu"
+    device = device_of(backend)
     g = torch.Generator().manual_seed(6)
     q = torch.randn(2, 4, 9, 16, generator=g).to(device)
     k = torch.randn(2, 2, 9, 16, generator=g).to(device)

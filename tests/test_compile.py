@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import posemb
+from devices import ON_GPU, device_of
 from posemb import scaling as sc
 from tolerances import assert_close
 
-ON_GPU = torch.cuda.is_available()
 BACKENDS = ["reference", "cpu"] + (["triton"] if ON_GPU else [])
-DEVICE = {"reference": "cpu", "cpu": "cpu", "triton": "cuda"}
+DEVICE = {b: device_of(b) for b in BACKENDS}
 HEAD, HEADS, KV = 16, 4, 2
 ORIG = 32  # the "pre-training" length of the length-dependent scalings: calls go past it
 SCALINGS = {

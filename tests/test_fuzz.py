@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posemb
+from devices import device_of
 from posemb import cli, kernels
 from tolerances import assert_close
 
@@ -67,16 +68,17 @@ def test_rotary_embedding_forward(
 ):
     def call():
         rope = posemb.RotaryEmbedding(head_dim, layout=layout, backend=backend)
-        q = torch.randn(batch, heads, seq, head_dim).to(dtype)
-        k = torch.randn(batch, kv_heads, seq, head_dim).to(dtype)
+        dev = device_of(backend)
+        q = torch.randn(batch, heads, seq, head_dim, device=dev).to(dtype)
+        k = torch.randn(batch, kv_heads, seq, head_dim, device=dev).to(dtype)
         pos = {
             "none": None,
-            "arange": torch.arange(seq),
-            "batched": torch.arange(seq).expand(batch, seq),
-            "negative": torch.arange(seq) - 3,
-            "float": torch.arange(seq, dtype=torch.float32),
-            "short": torch.arange(max(seq - 1, 0)),
-            "huge": torch.arange(seq) + (1 << 40),
+            "arange": torch.arange(seq, device=dev),
+            "batched": torch.arange(seq, device=dev).expand(batch, seq),
+            "negative": torch.arange(seq, device=dev) - 3,
+            "float": torch.arange(seq, dtype=torch.float32, device=dev),
+            "short": torch.arange(max(seq - 1, 0), device=dev),
+            "huge": torch.arange(seq, device=dev) + (1 << 40),
         }[pos_kind]
         out_q, out_k = rope(q, k, pos)
         assert out_q.shape == q.shape and out_k.shape == k.shape
@@ -98,17 +100,18 @@ def test_kernels_rotate(shape, kv, table, dtype, inplace, backend):
     b, h, s, d = shape
 
     def call():
-        q = torch.randn(b, h, s, d).to(dtype)
-        k = torch.randn(b, kv, s, d).to(dtype)
+        dev = device_of(backend)
+        q = torch.randn(b, h, s, d, device=dev).to(dtype)
+        k = torch.randn(b, kv, s, d, device=dev).to(dtype)
         half = max(d // 2, 1)
         cos = {
-            "ok": torch.ones(1, s, half),
-            "wide": torch.ones(1, s, d + 2),
-            "batch3": torch.ones(3, s, half),
-            "float64": torch.ones(1, s, half, dtype=torch.float64),
-            "1d": torch.ones(half),
+            "ok": torch.ones(1, s, half, device=dev),
+            "wide": torch.ones(1, s, d + 2, device=dev),
+            "batch3": torch.ones(3, s, half, device=dev),
+            "float64": torch.ones(1, s, half, dtype=torch.float64, device=dev),
+            "1d": torch.ones(half, device=dev),
             "none": None,
-            "int": torch.ones(1, s, half, dtype=torch.int64),
+            "int": torch.ones(1, s, half, dtype=torch.int64, device=dev),
         }[table]
         sin = None if cos is None else torch.zeros_like(cos)
         return kernels.rotate(q, k, cos, sin, backend=backend, inplace=inplace)
@@ -158,13 +161,14 @@ def test_a_module_changed_and_traced_between_calls_answers_as_a_fresh_one(steps,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     rope = posemb.RotaryEmbedding(16, backend=backend)
-    q = torch.randn(1, 2, 4, 16)
+    q = torch.randn(1, 2, 4, 16, device=device_of(backend))
     for step in steps:
         kind = step[0]
         if kind == "call":
             _, dtype, device, offset, explicit = step
             top = _MAX.get(dtype, 1 << 20)
             start = offset % (top - 3)
+            # cpu: the step's own device comes next (meta among them)
             pos = torch.tensor([start, start + 1, start + 1, start + 3], dtype=dtype)
             pos = pos.to(device) if explicit else None
             if explicit and device == "meta":

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import posemb
+from devices import ON_GPU, device_of
 from posemb import Layout, kernels
 from posemb.kernels import reference
 from tolerances import assert_close
@@ -11,12 +12,7 @@ from tolerances import assert_close
 F64 = torch.float64
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 FUSED = ["cpu", "triton"]
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-
-
-def backend_device(backend):
-    return "cpu" if backend == "cpu" else DEVICE
+DEVICE = device_of("triton")
 
 
 def tables(positions, rotary_dim, device, base=10000.0):
@@ -47,7 +43,7 @@ CASES = [
 @pytest.mark.parametrize("batch_positions", [False, True])
 def test_forward_and_backward_match_reference(backend, dtype, layout, case, batch_positions):
     shape, kv, rotary = case
-    device = backend_device(backend)
+    device = device_of(backend)
     q, k = make(shape, kv, dtype, device)
     b, _, s, _ = shape
     g = torch.Generator().manual_seed(1)
@@ -80,7 +76,7 @@ def test_forward_and_backward_match_reference(backend, dtype, layout, case, batc
 
 @pytest.mark.parametrize("backend", ["reference", *FUSED])
 def test_inplace_rotates_in_own_memory(backend):
-    device = backend_device(backend)
+    device = device_of(backend)
     q, k = make((2, 4, 19, 32), 2, torch.float32, device)
     cos, sin = tables(torch.arange(19, device=device), 24, device)
     want_q, want_k = kernels.rotate(q, k, cos, sin, backend="reference")
@@ -95,7 +91,7 @@ def test_inplace_rotates_in_own_memory(backend):
 
 @pytest.mark.parametrize("backend", FUSED)
 def test_strided_input_from_bshd_layout(backend):
-    device = backend_device(backend)
+    device = device_of(backend)
     x = torch.randn(2, 9, 4, 32, device=device)  # (batch, seq, heads, dim) as projections give
     q = x.transpose(1, 2)  # a view with unit stride in dim only
     cos, sin = tables(torch.arange(9, device=device), 32, device)
@@ -106,7 +102,7 @@ def test_strided_input_from_bshd_layout(backend):
 @pytest.mark.parametrize("backend", ["reference", *FUSED])
 @pytest.mark.parametrize("layout", list(Layout))
 def test_cached_tables_with_positions_offsets_and_packed_sequences(backend, layout):
-    device = backend_device(backend)
+    device = device_of(backend)
     rotary, length = 24, 600
     cos, sin = tables(torch.arange(length, device=device), rotary, device)
     q, k = make((3, 4, 7, 32), 2, torch.bfloat16, device)
@@ -130,7 +126,7 @@ def test_cached_tables_with_positions_offsets_and_packed_sequences(backend, layo
     got_q, got_k = kernels.rotate_cached(
         pq, pk, cos, sin, cu_seqlens=cu, offsets=off, layout=layout, backend=backend
     )
-    rows = torch.cat((torch.arange(5) + 10, torch.arange(11) + 30)).to(device)
+    rows = torch.cat((torch.arange(5, device=device) + 10, torch.arange(11, device=device) + 30))
 
     def packed_ref(x):
         return reference.rotate(x.transpose(0, 1)[None], cos[rows][None], sin[rows][None], layout)[
@@ -143,7 +139,7 @@ def test_cached_tables_with_positions_offsets_and_packed_sequences(backend, layo
 
 @pytest.mark.parametrize("backend", FUSED)
 def test_module_backends_agree(backend):
-    device = backend_device(backend)
+    device = device_of(backend)
     q, k = make((2, 8, 13, 64), 2, torch.float32, device)
     scaling = posemb.scaling.Yarn(4.0, 8)
     fused = posemb.RotaryEmbedding(64, rotary_dim=32, scaling=scaling, backend=backend)
@@ -179,8 +175,8 @@ def test_a_side_without_gradient_costs_no_work(monkeypatch, backend, needs):
             "launch",
             lambda q, k, *a, **kw: seen.append((q.shape[1], k.shape[1])) or real(q, k, *a, **kw),
         )
-    q, k = make((1, 4, 9, 16), 2, torch.float32, backend_device(backend))
-    cos, sin = tables(torch.arange(9), 16, q.device)
+    q, k = make((1, 4, 9, 16), 2, torch.float32, device_of(backend))
+    cos, sin = tables(torch.arange(9, device=q.device), 16, q.device)
     (q if needs == "q" else k).requires_grad_()
     out_q, out_k = kernels.rotate(q, k, cos, sin, backend=backend)
     seen.clear()
@@ -386,19 +382,20 @@ def test_opcheck_triton_ops_with_positions_offsets_and_packed_sequences(inplace)
 # --- in place: nothing written twice (issue 30, item 5 and item 10's expanded k) ---------------
 
 
-def _overlapping_views():
+def _overlapping_views(device):
     """(name, q, k) pairs an in-place rotation must refuse: each writes some element twice."""
-    x = torch.randn(1, 3, 4, 8)
-    flat = torch.randn(100)
+    x = torch.randn(1, 3, 4, 8, device=device)
+    flat = torch.randn(100, device=device)
     half = flat.as_strided((1, 2, 4, 8), (64, 32, 8, 1), 4)  # rows half over x's rows
+    expanded = torch.randn(1, 1, 4, 8, device=device).expand(1, 2, 4, 8)
     return [
         ("k is a head of q", x, x[:, :1]),
         ("q is a head of k", x[:, 2:], x),
         ("k half over q", flat.as_strided((1, 2, 4, 8), (64, 32, 8, 1), 0), half),
-        ("expanded k", torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8).expand(1, 2, 4, 8)),
+        ("expanded k", torch.randn(1, 2, 4, 8, device=device), expanded),
         (
             "k's rows overlap",
-            torch.randn(1, 1, 4, 8),
+            torch.randn(1, 1, 4, 8, device=device),
             flat.as_strided((1, 1, 4, 8), (32, 32, 5, 1)),
         ),
     ]
@@ -409,14 +406,16 @@ def _overlapping_views():
 def test_inplace_refuses_q_and_k_that_share_elements(backend, case):
     # rope(x, x[:, :1], inplace=True) turned head 0 twice on the CPU op and once on the
     # reference; an expanded k raised a RuntimeError from C++ or from PyTorch.
-    name, q, k = _overlapping_views()[case]
+    device = device_of(backend)
+    name, q, k = _overlapping_views(device)[case]
     before = (q.clone(), k.clone())
     rope = posemb.RotaryEmbedding(8, backend=backend)
     with pytest.raises(ValueError, match="inplace=True writes"):
         rope(q, k, inplace=True)
     assert torch.equal(q, before[0]) and torch.equal(k, before[1]), name  # nothing written
     with pytest.raises(ValueError, match="inplace=True writes"):
-        kernels.rotate_cached(q, k, *rope.cos_sin(torch.arange(8)), inplace=True, backend=backend)
+        tables_ = rope.cos_sin(torch.arange(8, device=device))
+        kernels.rotate_cached(q, k, *tables_, inplace=True, backend=backend)
     rope(q, k)  # out of place nothing is written: every such pair is fine
 
 
@@ -424,7 +423,7 @@ def test_inplace_refuses_q_and_k_that_share_elements(backend, case):
 def test_inplace_rotates_disjoint_heads_of_one_packed_buffer(backend):
     # q, k and v as views of one (batch, seq, heads, dim) projection share memory but no
     # element: in place must keep working for them.
-    qkv = torch.randn(2, 5, 12, 8).transpose(1, 2)
+    qkv = torch.randn(2, 5, 12, 8, device=device_of(backend)).transpose(1, 2)
     q, k = qkv[:, :8], qkv[:, 8:10]
     rope = posemb.RotaryEmbedding(8, backend=backend)
     want = rope(q.clone(), k.clone())
@@ -436,19 +435,19 @@ def test_inplace_rotates_disjoint_heads_of_one_packed_buffer(backend):
 # --- gradients reach the tables (issue 30, item 6) ---------------------------------------------
 
 
-def _grads(backend, cached, q_grad):
+def _grads(backend, cached, q_grad, device):
     g = torch.Generator().manual_seed(3)
-    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
-    q.requires_grad_(q_grad)
-    cos, sin = (t.clone().requires_grad_() for t in tables(torch.arange(9), 8, "cpu"))
+    q = torch.randn(2, 3, 5, 8, generator=g).to(device).requires_grad_(q_grad)
+    k = torch.randn(2, 1, 5, 8, generator=g).to(device)
+    pos = torch.arange(9, device=device)
+    cos, sin = (t.clone().requires_grad_() for t in tables(pos, 8, device))
     if cached:
-        qo, ko = kernels.rotate_cached(
-            q, k, cos, sin, offsets=torch.tensor([0, 4]), backend=backend
-        )
+        offsets = torch.tensor([0, 4], device=device)
+        qo, ko = kernels.rotate_cached(q, k, cos, sin, offsets=offsets, backend=backend)
     else:
         qo, ko = kernels.rotate(q, k, cos[2:7], sin[2:7], backend=backend)
-    ((qo * torch.linspace(-1, 1, 8)).sum() + (ko**2).sum()).backward()
-    return [t.grad for t in (cos, sin, q) if t.grad is not None]
+    ((qo * torch.linspace(-1, 1, 8, device=device)).sum() + (ko**2).sum()).backward()
+    return [t.grad.cpu() for t in (cos, sin, q) if t.grad is not None]
 
 
 @pytest.mark.parametrize("backend", FUSED)
@@ -457,12 +456,14 @@ def _grads(backend, cached, q_grad):
 def test_tables_that_require_grad_get_their_gradient_on_every_backend(backend, cached, q_grad):
     # The fused ops differentiated with respect to q and k only: cos.grad was None on
     # auto/cpu, and with only the tables requiring grad backward() failed.
-    got, want = _grads(backend, cached, q_grad), _grads("reference", cached, q_grad)
+    device = device_of(backend)
+    got = _grads(backend, cached, q_grad, device)
+    want = _grads("reference", cached, q_grad, "cpu")
     assert len(got) == len(want) == 2 + q_grad
     for a, b in zip(got, want, strict=True):
         assert_close(a, b, torch.float32)
-    cos, sin = (t.requires_grad_() for t in tables(torch.arange(5), 8, "cpu"))
-    q = torch.randn(1, 1, 5, 8)
+    cos, sin = (t.requires_grad_() for t in tables(torch.arange(5, device=device), 8, device))
+    q = torch.randn(1, 1, 5, 8, device=device)
     with pytest.raises(ValueError, match="a cos/sin table requires grad"):
         kernels.rotate(q, q.clone(), cos, sin, backend=backend, inplace=True)
 
@@ -472,9 +473,10 @@ def test_rotating_one_tensor_in_place_checks_it_alone(backend):
     # rotate() passes an empty k; the check skipped q then (the reference accepted rows that
     # overlap by half; the CPU op raised a RuntimeError from C++).
     rope = posemb.RotaryEmbedding(8, backend=backend)
+    device = device_of(backend)
     for x in (
-        torch.randn(64).as_strided((1, 1, 3, 8), (64, 64, 4, 1)),
-        torch.randn(1, 1, 3, 8).expand(1, 2, 3, 8),
+        torch.randn(64, device=device).as_strided((1, 1, 3, 8), (64, 64, 4, 1)),
+        torch.randn(1, 1, 3, 8, device=device).expand(1, 2, 3, 8),
     ):
         with pytest.raises(ValueError, match="inplace=True writes q"):
             rope.rotate(x, inplace=True)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import posemb
+from devices import ON_GPU, device_of
 from posemb import Layout, kernels
 from posemb.kernels import norm
 from tolerances import UNIT_ROUNDOFF, assert_close
 
 F64 = torch.float64
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-ON_GPU = torch.cuda.is_available()
 BACKENDS = ["reference", "cpu", "triton"]
 # (q shape, kv heads, rotary dim): GQA, one head, partial rotary with an odd-sized tail, one
 # token (decode), a head of 6 channels.
@@ -25,15 +25,12 @@ CASES = [
 ]
 
 
-def _device(backend):
-    return "cuda" if backend == "triton" and ON_GPU else "cpu"
-
-
 def _inputs(case, dtype, device, per_batch=False, seed=0):
     (b, h, s, d), kv, rotary = case
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, s, d, generator=g).mul(3).to(device=device, dtype=dtype)
     k = torch.randn(b, kv, s, d, generator=g).to(device=device, dtype=dtype)
+    # cpu: the float64 tables are formed on the CPU, then moved with q and k
     pos = torch.randint(0, 1 << 16, (b, s) if per_batch else (s,), generator=g)
     inv = posemb.inv_freq(rotary, 10000.0, dtype=F64)
     cos, sin = (t.to(device) for t in posemb.cos_sin(pos, inv))
@@ -55,7 +52,7 @@ def _want(q, k, cos, sin, qw, kw, eps, offset, layout):
 def test_values_match_the_definition(backend, dtype, layout, case, offset):
     if backend == "triton" and case[0][2] > 9 and not ON_GPU:
         case = ((case[0][0], case[0][1], 9, case[0][3]), case[1], case[2])  # the interpreter
-    device = _device(backend)
+    device = device_of(backend)
     q, k, cos, sin, qw, kw = _inputs(case, dtype, device, per_batch=case[0][0] > 1)
     got = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, offset, layout=layout, backend=backend)
     for g, w, x in zip(
@@ -86,7 +83,7 @@ def _grads(fn, inputs, cotangents, needs):
 def test_gradients_match_the_definition(backend, dtype, layout, case, needs):
     if backend == "triton" and not ON_GPU and (dtype != torch.float32 or needs != (1, 1, 1, 1)):
         pytest.skip("the interpreter runs each program in Python: one case per shape")
-    device = _device(backend)
+    device = device_of(backend)
     q, k, cos, sin, qw, kw = _inputs(case, dtype, device, per_batch=True, seed=3)
     g = torch.Generator().manual_seed(9)
     gq = torch.randn(q.shape, generator=g).to(device, dtype)
@@ -99,7 +96,9 @@ def test_gradients_match_the_definition(backend, dtype, layout, case, needs):
         )
 
     def definition(q, k, qw, kw):
-        return norm.reference(q, k, cos.double(), sin.double(), qw, kw, 1e-5, offset, layout)
+        # The definition in float64 on the CPU, from .cpu() copies of the backend's tensors.
+        c, s = cos.cpu().double(), sin.cpu().double()
+        return norm.reference(q, k, c, s, qw, kw, 1e-5, offset, layout)
 
     got = _grads(fused, (q, k, qw, kw), (gq, gk), needs)
     wide = [t.cpu().double() for t in (q, k, qw, kw)]
@@ -153,7 +152,7 @@ def _bad(q, k, cos, sin, qw, kw):
 @pytest.mark.parametrize("what", list(_bad(*_inputs(CASES[0], torch.float32, "cpu"))))
 @pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
 def test_bad_inputs_are_refused_by_name(what, backend):
-    args = _bad(*_inputs(CASES[0], torch.float32, "cpu"))[what]
+    args = _bad(*_inputs(CASES[0], torch.float32, device_of(backend)))[what]
     with pytest.raises(ValueError, match=what.split(" must")[0] if " must" in what else what):
         kernels.norm_rotate(*args, backend=backend)
 
@@ -239,7 +238,7 @@ def test_opcheck_triton_norm_rotate_ops():
         if ON_GPU
         else ("test_schema", "test_autograd_registration")  # the interpreter cannot fake
     )
-    device = "cuda" if ON_GPU else "cpu"
+    device = device_of("triton")
     for i, (q, k, cos, sin, qw, kw, interleaved) in enumerate(_op_cases()):
         if i % 5:
             continue
@@ -255,7 +254,7 @@ def test_opcheck_triton_norm_rotate_ops():
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_in_place_matches_out_of_place(backend):
-    device = _device(backend)
+    device = device_of(backend)
     q, k, cos, sin, qw, kw = _inputs(((2, 3, 5, 40), 1, 24), torch.bfloat16, device, True)
     want = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0, backend=backend)
     got = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0, backend=backend, inplace=True)

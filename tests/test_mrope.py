@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import posemb
+from devices import device_of
 from posemb import kernels, mrope
 from posemb.kernels import reference
 from tolerances import TOL, UNIT_ROUNDOFF, assert_close
@@ -507,17 +508,18 @@ KERNEL_CASES = [((2, 4, 37, 32), 1), ((1, 1, 5, 16), 1)]
 @pytest.mark.parametrize("table", ["mrope", "vision"])
 def test_tables_through_fused_kernels_forward_and_backward(backend, dtype, case, table):
     (b, h, s, d), kv = case
+    device = device_of(backend)
     g = torch.Generator().manual_seed(7)
     if table == "mrope":  # per-sequence 3D positions, interleaved, partial rotary
         section = [2, 1, 1] if d == 16 else [4, 2, 2]
-        inv = posemb.inv_freq(d // 2, 1e6, dtype=F64)
-        pos = torch.randint(0, 1 << 16, (3, b, s), generator=g)
+        inv = posemb.inv_freq(d // 2, 1e6, dtype=F64).to(device)
+        pos = torch.randint(0, 1 << 16, (3, b, s), generator=g).to(device)
         cos, sin = mrope.mrope_cos_sin(pos, inv, section, interleaved=True)
     else:  # patch positions of one sequence; the same table for every batch entry
-        pos = torch.randint(0, 64, (s, 2), generator=g)
-        cos, sin = mrope.vision_cos_sin(pos, d)
-    q = torch.randn(b, h, s, d, generator=g).to(dtype)
-    k = torch.randn(b, kv, s, d, generator=g).to(dtype)
+        pos = torch.randint(0, 64, (s, 2), generator=g).to(device)
+        cos, sin = (t.to(device) for t in mrope.vision_cos_sin(pos.cpu(), d))
+    q = torch.randn(b, h, s, d, generator=g).to(device, dtype)
+    k = torch.randn(b, kv, s, d, generator=g).to(device, dtype)
     got_q, got_k = kernels.rotate(q, k, cos, sin, backend=backend)
     assert_close(got_q, reference.rotate(q, cos, sin, "half"), dtype)
     assert_close(got_k, reference.rotate(k, cos, sin, "half"), dtype)

@@ -9,6 +9,7 @@ from rotary_embedding_torch import apply_rotary_emb as ret_apply_rotary_emb
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_rotary_pos_emb
 
 import posemb
+from devices import device_of
 from posemb import Layout
 from tolerances import TOL, assert_close
 
@@ -452,13 +453,14 @@ def test_small_integer_positions_are_positions_not_masks(backend, dtype):
     if backend == "cpu" and not posemb.kernels.cpu.available():
         pytest.skip("no CPU op here")
     rope = posemb.RotaryEmbedding(8, backend=backend)
-    q = torch.randn(2, 2, 4, 8)
+    dev = device_of(backend)
+    q = torch.randn(2, 2, 4, 8, device=dev)
     for pos in ([1, 1, 1, 3], [[1, 1, 1, 3], [0, 2, 4, 6]]):
-        want = rope(q, q, torch.tensor(pos, dtype=torch.int64))
-        got = rope(q, q, torch.tensor(pos, dtype=dtype))
+        want = rope(q, q, torch.tensor(pos, dtype=torch.int64, device=dev))
+        got = rope(q, q, torch.tensor(pos, dtype=dtype, device=dev))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    cos, _ = rope.cos_sin(torch.tensor([3, 3], dtype=dtype))
-    assert torch.equal(cos, rope.cos_sin(torch.tensor([3, 3]))[0])
+    cos, _ = rope.cos_sin(torch.tensor([3, 3], dtype=dtype, device=dev))
+    assert torch.equal(cos, rope.cos_sin(torch.tensor([3, 3], device=dev))[0])
 
 
 def test_changing_base_rotary_dim_or_scaling_after_a_call_serves_no_stale_table():
@@ -517,8 +519,9 @@ def test_vmap_and_jacrev_run_over_a_fused_module(backend):
     if backend == "cpu" and not posemb.kernels.cpu.available():
         pytest.skip("no CPU op here")
     rope = posemb.RotaryEmbedding(8, backend=backend)
-    q = torch.randn(3, 1, 2, 4, 8)
-    pos = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3], [9, 9, 9, 9]])
+    dev = device_of(backend)
+    q = torch.randn(3, 1, 2, 4, 8, device=dev)
+    pos = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3], [9, 9, 9, 9]], device=dev)
     loop = torch.stack([rope(x, x, p)[0] for x, p in zip(q, pos, strict=True)])
     assert_close(torch.func.vmap(lambda x, p: rope(x, x, p)[0])(q, pos), loop, torch.float32)
     at_zero = torch.stack([rope(x, x)[0] for x in q])
