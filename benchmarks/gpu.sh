@@ -1,51 +1,115 @@
 #!/usr/bin/env bash
-# GPU check for posemb's Triton RoPE kernel: tests against the reference, then the benchmarks
-# (the kernel alone, and inside a transformers Llama).
-# Meant for the lent H200 (no network there; its image has torch, triton, transformers,
-# pytest, hypothesis, safetensors). Finishes in well under 5 minutes.
+# The one GPU check: every test file with a CUDA or Triton parametrization, the four benches
+# and a 60-second `posemb lab --preset gpu` smoke, each step under its own time limit, the
+# whole under 6 minutes on one H200. It writes two files to $OUT (or ./gpu-results): one
+# archive of everything the steps wrote, and summary.txt (each step's exit code and time,
+# the tests' pass/fail counts and the benches' headline ratios), printed last. A step that
+# fails or runs out of time does not stop the later ones.
 #
-# Optional comparison libraries travel as wheels in .whl/ (carry it), fetched here with
+#   benchmarks/gpu.sh            on a machine with a CUDA GPU (no network needed)
+#   benchmarks/gpu.sh --dry-run  anywhere: every command parses and every file it names exists
+#
+# Optional comparison libraries (and pytest-xdist, which the tests use where installed) travel
+# as wheels in .whl/ (carry it), fetched beforehand with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl liger-kernel rotary-embedding-torch
-# Results land in $OUT (or ./gpu-results when run elsewhere).
-set -euo pipefail
+#     -d .whl liger-kernel rotary-embedding-torch pytest-xdist execnet
+set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=0
+case "${1:-}" in
+    --dry-run) DRY=1 ;;
+    "") ;;
+    *) echo "usage: benchmarks/gpu.sh [--dry-run]" >&2; exit 2 ;;
+esac
 OUT="${OUT:-$PWD/gpu-results}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if compgen -G ".whl/*.whl" > /dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/posemb-site .whl/*.whl
-    export PYTHONPATH="$PYTHONPATH:/tmp/posemb-site"
+# Every test file with a CUDA or Triton parametrization (tests/devices.py's device_of).
+TESTS=(tests/test_kernels.py tests/test_kernels_norm.py tests/test_kernels_fast.py
+       tests/test_rope.py tests/test_bias.py tests/test_mrope.py tests/test_compile.py
+       tests/test_hf_patch.py tests/test_hf_extension.py tests/test_hf_fused_norm.py
+       tests/test_lab_memory.py tests/test_devices.py tests/test_gpu.py)
+
+FAILED=0
+# step NAME SECONDS COMMAND...: run it (its output to $WORK/NAME.txt), or in a dry run check it.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    if [ "$DRY" = 1 ]; then
+        check "$name" "$@" || FAILED=1
+        return
+    fi
+    local t0=$SECONDS rc=0
+    echo "== $name (at most ${limit} s)"
+    timeout --kill-after=10 "$limit" "$@" > "$WORK/$name.txt" 2>&1 || rc=$?
+    tail -n 3 "$WORK/$name.txt"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" >> "$WORK/steps.tsv"
+}
+
+# A dry run's check of one step: the files it names exist, and posemb's arguments parse.
+check() {
+    local name=$1
+    shift
+    local arg ok=0
+    for arg in "$@"; do
+        case "$arg" in
+            tests/*.py | benchmarks/*)
+                [ -e "$arg" ] || { echo "$name: no file $arg" >&2; ok=1; } ;;
+        esac
+    done
+    if [ "${2:-}" = "-m" ] && [ "${3:-}" = "posemb" ]; then
+        shift 3
+        "$PY" -c 'import sys; from posemb.cli import build_parser; build_parser().parse_args(sys.argv[1:])' \
+            "$@" || { echo "$name: posemb $* does not parse" >&2; ok=1; }
+    elif [ "${2:-}" = "-m" ] && [ "${3:-}" = "pytest" ]; then
+        local files=()
+        for arg in "$@"; do case "$arg" in tests/*.py) files+=("$arg") ;; esac; done
+        "$PY" -c 'import pytest' && "$PY" -m py_compile "${files[@]}" || ok=1
+    fi
+    [ "$ok" = 0 ] && echo "ok   $name"
+    return "$ok"
+}
+
+if [ "$DRY" = 0 ]; then
+    mkdir -p "$OUT"
+    if compgen -G ".whl/*.whl" > /dev/null; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/posemb-site .whl/*.whl
+        export PYTHONPATH="$PYTHONPATH:/tmp/posemb-site"
+    fi
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+        "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    } > "$WORK/machine.txt" 2>&1
 fi
+XDIST=()
+if "$PY" -c "import xdist" 2> /dev/null; then XDIST=(-n 8); fi
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
-    | tee -a "$OUT/gpu.txt"
+# 1. Correctness on the GPU: each file's CUDA and Triton cases, opcheck's full checks on the
+# Triton ops, CUDA-graph capture and no host sync (tests/test_gpu.py).
+step tests 150 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${TESTS[@]}"
+# 2. The kernel alone: every shape, fp32 and bf16, forward, backward and both, against a copy.
+step bench 50 "$PY" -m posemb bench --device cuda --out "$WORK/bench-gpu.csv"
+# 3. Inside a transformers Llama, bf16: eager, patch_rotary, fused, Liger.
+step bench-hf 40 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$WORK/bench-hf.csv"
+# 4. Decode at Llama 3.1 8B's shapes, batch 1 and 8, per layer, per step and per model.
+step bench-decode 40 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
+    --out "$WORK/bench-decode.csv"
+# 5. QK-norm + RoPE at prefill shapes.
+step bench-norm 25 "$PY" -m posemb bench --norm --device cuda --out "$WORK/bench-norm.csv"
+# 6. The lab's GPU preset, cut to a smoke: a few steps of two variants, loss only.
+step lab 60 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
+    --out "$WORK/lab"
 
-# 1. Correctness on the GPU: every kernel test runs its CUDA variant when a GPU is present,
-# opcheck runs all of its checks on the Triton ops (fake tensors included, which the CPU
-# interpreter cannot), and the Llama block compiles and exports with the Triton backend.
-timeout 130 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_rope.py \
-    tests/test_compile.py 2>&1 | tee "$OUT/tests.txt"
-
-# 2. Speed: all shapes, fp32 and bf16, forward/backward/both, against a device copy.
-timeout 100 "$PY" -m posemb bench --device cuda --out "$OUT/bench-gpu.csv" 2>&1 \
-    | tee "$OUT/bench-gpu.txt"
-
-# 3. End to end: a transformers Llama decoder layer and a 4-layer model, eager against
-# patch_rotary, patch_rotary(fused=True) (the Triton op) and Liger's rotation, in bf16 as
-# GPUs train, forward and forward+backward, with the rotation's share of each step.
-timeout 60 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$OUT/bench-hf-gpu.csv" \
-    2>&1 | tee "$OUT/bench-hf-gpu.txt"
-
-# 4. Decode: one token per step at Llama 3.1 8B's attention shapes, batch 1 and 8, posemb's
-# module, kernels.rotate and the fused patch against transformers, per layer and per step (the
-# CPU fast paths do not apply on CUDA: this measures the Triton op's launches), then QK-norm +
-# RoPE at prefill shapes.
-timeout 60 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
-    --out "$OUT/bench-decode-gpu.csv" 2>&1 | tee "$OUT/bench-decode-gpu.txt"
-timeout 60 "$PY" -m posemb bench --norm --device cuda --out "$OUT/bench-norm-gpu.csv" 2>&1 \
-    | tee "$OUT/bench-norm-gpu.txt"
+if [ "$DRY" = 1 ]; then
+    "$PY" benchmarks/gpu_summary.py --check || FAILED=1
+    if [ "$FAILED" = 0 ]; then echo "gpu.sh --dry-run: every step parses"; fi
+    exit "$FAILED"
+fi
+"$PY" benchmarks/gpu_summary.py "$WORK" > "$WORK/summary.txt" 2>&1
+cp "$WORK/summary.txt" "$OUT/summary.txt"
+tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
+cat "$OUT/summary.txt"

@@ -175,9 +175,19 @@ _META = "posemb needs real values (for shapes alone, trace with FakeTensorMode o
 
 
 def within_limit(name: str, t: torch.Tensor, limit: int = POSITION_LIMIT) -> None:
-    """Refuse integers of magnitude above ``limit`` (one host read of their range). Skipped
-    while tracing, where there are no values to read."""
+    """Refuse integers of magnitude above ``limit``. Skipped while tracing, where there are no
+    values to read.
+
+    On the CPU: one read of their range, and ``ValueError`` naming it. On a device: no host
+    read, which would stall every call until the device caught up and cannot be captured in a
+    CUDA graph; the device checks the range itself (``torch._assert_async``) and a position
+    out of range stops it with a device-side assert naming ``name``.
+    """
     if not t.numel() or tracing():
+        return
+    if t.device.type != "cpu":
+        ok = ((t >= -limit) & (t <= limit)).all()
+        torch._assert_async(ok, f"posemb: {name} must lie within -2^53 .. 2^53")
         return
     lo, hi = (int(v) for v in torch.aminmax(t))
     if lo < -limit or hi > limit:

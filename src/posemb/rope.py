@@ -306,8 +306,11 @@ class RotaryEmbedding(nn.Module):
         table to reach them) or a scaling whose tables depend on the call."""
         if _checks.tracing() or not pos.numel():
             return None
-        # One host sync for the range the positions span.
-        if pos.numel() <= 64 and pos.device.type == "cpu":  # a decode step: one small copy
+        if pos.device.type != "cpu":
+            # Reading their range would be a host sync per call, and none can be captured in
+            # a CUDA graph: the angles are formed on the device from the positions instead.
+            return None
+        if pos.numel() <= 64:  # a decode step: one small copy
             values = pos.flatten().tolist()
             lo, hi = min(values), max(values)
         else:

@@ -1,0 +1,159 @@
+"""On a CUDA GPU only: a decode step through posemb is captured in a CUDA graph and replayed with
+new positions (the rotation, norm_rotate and a fused Llama with a static cache), and the CUDA
+path never synchronises with the host (``torch.cuda.set_sync_debug_mode("error")``): serving
+engines run decode under CUDA graphs, which forbid a host read in the call. Skipped on a host
+without a GPU; `benchmarks/gpu.sh` runs it where one is lent."""
+
+import copy
+
+import pytest
+import torch
+
+import posemb
+from posemb import kernels
+from tolerances import assert_close
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+F64 = torch.float64
+DEV = "cuda"
+
+
+@pytest.fixture
+def no_sync():
+    """Any host synchronisation inside the block raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _decode_inputs(batch=2, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 32, 1, 128, generator=g).to(DEV, dtype)
+    k = torch.randn(batch, 8, 1, 128, generator=g).to(DEV, dtype)
+    return q, k
+
+
+def _tables(pos):
+    inv = posemb.inv_freq(128, 500000.0, dtype=F64).to(DEV)
+    return posemb.cos_sin(pos, inv)
+
+
+def _captured(fn, *static):
+    """``fn(*static)`` warmed up on a side stream, then captured; the graph and its outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+    return graph, out
+
+
+def test_the_rotation_replays_in_a_cuda_graph_with_new_positions():
+    q, k = _decode_inputs()
+    cos, sin = _tables(torch.tensor([[5], [900]], device=DEV))
+    static = [q.clone(), k.clone(), cos.clone(), sin.clone()]
+    graph, out = _captured(kernels.rotate, *static)
+    for step in range(1, 4):
+        nq, nk = _decode_inputs(seed=step)
+        c, s = _tables(torch.tensor([[5 + step], [900 + 7 * step]], device=DEV))
+        for dst, src in zip(static, (nq, nk, c, s), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        want = kernels.rotate(nq, nk, c, s, backend="reference")
+        for got, w in zip(out, want, strict=True):
+            assert_close(got, w, torch.bfloat16)
+
+
+def test_norm_rotate_replays_in_a_cuda_graph_with_new_positions():
+    q, k = _decode_inputs()
+    cos, sin = _tables(torch.tensor([[3], [40]], device=DEV))
+    g = torch.Generator().manual_seed(9)
+    qw, kw = (1 + 0.2 * torch.randn(2, 128, generator=g)).to(DEV)
+
+    def step(q, k, cos, sin):
+        return kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+
+    static = [q.clone(), k.clone(), cos.clone(), sin.clone()]
+    graph, out = _captured(step, *static)
+    for i in range(1, 4):
+        nq, nk = _decode_inputs(seed=10 + i)
+        c, s = _tables(torch.tensor([[3 + i], [40 + i]], device=DEV))
+        for dst, src in zip(static, (nq, nk, c, s), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        want = kernels.norm.reference(nq, nk, c, s, qw, kw, 1e-6, 1.0)
+        for got, w in zip(out, want, strict=True):
+            assert_close(got, w, torch.bfloat16)
+
+
+def test_the_cuda_path_never_synchronises_with_the_host(no_sync):
+    q, k = _decode_inputs()
+    pos = torch.tensor([[5], [900]], device=DEV)
+    cos, sin = _tables(pos)
+    rope = posemb.RotaryEmbedding(128, base=500000.0)
+    for _ in range(2):  # the second call too: nothing remembered may read back
+        kernels.rotate(q, k, cos, sin)
+        kernels.rotate(q.clone(), k.clone(), cos, sin, inplace=True)
+        kernels.norm_rotate(
+            q, k, cos, sin, torch.ones(128, device=DEV), torch.ones(128, device=DEV), 1e-6
+        )
+        rope(q, k, pos)
+        posemb.cos_sin(pos, posemb.inv_freq(128, dtype=F64).to(DEV))
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval().to(DEV)
+
+
+def _prefilled(model, ids):
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, cache_position=torch.arange(ids.shape[1], device=DEV))
+    return cache
+
+
+def test_a_fused_llama_decode_step_replays_in_a_cuda_graph_and_never_syncs():
+    eager = _llama()
+    fused = copy.deepcopy(eager)
+    posemb.hf.patch_rotary(fused, fused=True)
+    prompt = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(1)).to(DEV)
+    cache, twin = _prefilled(fused, prompt), _prefilled(eager, prompt)
+    token = torch.zeros(1, 1, dtype=torch.long, device=DEV)
+    at = torch.tensor([8], device=DEV)
+
+    def step(token, at):
+        with torch.no_grad():
+            return fused(
+                token, past_key_values=cache, cache_position=at, position_ids=at[None]
+            ).logits
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        graph, out = _captured(step, token, at)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for i, t in enumerate((11, 42, 7)):
+        token.fill_(t)
+        at.fill_(8 + i)
+        graph.replay()
+        with torch.no_grad():
+            want = eager(token.clone(), past_key_values=twin, cache_position=at.clone(),
+                         position_ids=at[None].clone()).logits  # fmt: skip
+        assert_close(out, want, torch.float32)
