@@ -480,3 +480,96 @@ def test_a_thousand_patch_and_unpatch_cycles_keep_memory_flat():
         tracemalloc.stop()
     # A leak of ~1 KB a cycle (the finalizer each patch registered) would be ~900 KB here.
     assert last - first < 64 * 1024, (first, last)
+
+
+# --- What a second attack found: callers other than the attention, wrappers, moved norms ------
+
+
+def _wrap_forward(norm):
+    inner = norm.forward
+    norm.forward = lambda x: inner(x) * 2.0 + 0.1
+
+
+def _accelerate_hook(norm):
+    norm._old_forward, norm._hf_hook = norm.forward, object()
+    norm.forward = lambda *a: norm._old_forward(*a) * 3.0
+
+
+def _moved_gemma_norms(model):
+    attn, donor = model.model.layers[0].self_attn, _pair("gemma3")[0].model.layers[0].self_attn
+    attn.q_norm, attn.k_norm = donor.q_norm, donor.k_norm  # offset 1 + w in a Qwen3 attention
+
+
+def _eps_zero(model):
+    for layer in model.model.layers:
+        layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = 0.0
+
+
+def _own_norm_method(model):
+    model.model.layers[0].self_attn.q_norm._norm = lambda x: x * 0.5  # (Gemma's forward calls it)
+
+
+@pytest.mark.parametrize(
+    ("family", "change"),
+    [
+        ("qwen3", lambda m: _wrap_forward(m.model.layers[0].self_attn.q_norm)),
+        ("gemma3", lambda m: _accelerate_hook(m.model.layers[1].self_attn.k_norm)),
+        ("qwen3", _moved_gemma_norms),
+        ("qwen3", _eps_zero),
+        ("gemma3", _own_norm_method),
+    ],
+    ids=["wrapped-forward", "accelerate-hook", "moved-norms", "eps-zero", "own-method"],
+)
+def test_a_norm_changed_after_patching_computes_as_eager(family, change):
+    eager, fused = _pair(family)
+    torch.manual_seed(3)  # _moved_gemma_norms builds one donor per model: the same weights
+    change(eager)
+    torch.manual_seed(3)
+    change(fused)
+    _same_logits(fused, eager, torch.randint(0, 97, (2, 6), generator=torch.Generator()))
+
+
+def test_a_norm_called_from_a_hook_inside_the_attention_is_applied_there():
+    eager, fused = _pair("qwen3")
+    seen = {}
+    for tag, model in (("eager", eager), ("fused", fused)):
+        attn = model.model.layers[0].self_attn
+
+        def hook(module, args, y, attn=attn, tag=tag):
+            seen[tag] = attn.q_norm(y.view(*y.shape[:-1], -1, 32))
+            return y + 0.1 * attn.k_norm(y.view(*y.shape[:-1], -1, 32)).flatten(-2)
+
+        attn.q_proj.register_forward_hook(hook)
+    _same_logits(fused, eager, torch.randint(0, 97, (2, 6), generator=torch.Generator()))
+    torch.testing.assert_close(seen["fused"], seen["eager"], rtol=0, atol=0)
+    _, fused_norms, _ = _rsqrt_calls(fused, torch.ones(1, 3, dtype=torch.long))
+    _, eager_norms, _ = _rsqrt_calls(eager, torch.ones(1, 3, dtype=torch.long))
+    assert eager_norms - fused_norms == 4  # the attention's own calls are still fused
+
+
+def test_a_shallow_copy_of_a_fused_norm_computes_as_itself():
+    eager, fused = _pair("qwen3")
+    x = torch.randn(1, 4, 2, 32, generator=torch.Generator().manual_seed(4))
+    for model in (eager, fused):
+        attn = model.model.layers[0].self_attn
+        twin = copy.copy(attn.q_norm)  # shares the Deferred in its __dict__
+        twin.variance_epsilon = 0.25
+        attn.q_norm = twin
+    torch.testing.assert_close(
+        fused.model.layers[0].self_attn.q_norm(x), eager.model.layers[0].self_attn.q_norm(x)
+    )
+    _same_logits(fused, eager, torch.randint(0, 97, (2, 6), generator=torch.Generator()))
+
+
+def test_double_backward_through_fused_norms_matches_eager():
+    eager, fused = _pair("qwen3")
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(5))
+    grads = []
+    for model in (eager, fused):
+        e = model.get_input_embeddings()(ids).detach().requires_grad_()
+        (g,) = torch.autograd.grad(
+            model(inputs_embeds=e).logits.square().sum(), e, create_graph=True
+        )
+        g.square().sum().backward()  # a gradient penalty
+        grads.append(model.model.layers[0].self_attn.q_norm.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4 * grads[0].abs().max())

@@ -261,3 +261,37 @@ def test_in_place_matches_out_of_place(backend):
     assert got[0] is q and got[1] is k
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("layout", list(Layout))
+def test_a_differentiated_backward_matches_the_definitions_second_derivatives(backend, layout):
+    """Gradient penalties and Hessian-vector products differentiate the backward: the fused
+    backward op has no autograd of its own, and its second derivatives came out zero (a q
+    norm weight's gradient 0 where the definition gives ~1e3)."""
+    device = device_of(backend)
+    q, k, cos, sin, qw, kw = _inputs(CASES[2], torch.float32, device, per_batch=True, seed=5)
+
+    def second(fn):
+        leaves = [t.detach().clone().double().requires_grad_() for t in (q, k, qw, kw)]
+        if fn is kernels.norm_rotate:
+            leaves = [t.detach().float().requires_grad_() for t in leaves]
+        lq, lk, lqw, lkw = leaves
+        c, s = (t.to(leaves[0].dtype) for t in (cos, sin))
+        out = fn(lq, lk, c, s, lqw, lkw, 1e-5, 1.0, layout=layout, **kw_of(fn))
+        first = torch.autograd.grad(
+            sum(o.square().sum() for o in out), [lq, lqw], create_graph=True
+        )
+        (first[0].square().sum() + first[1].square().sum()).backward()
+        return [None if t.grad is None else t.grad.cpu().double() for t in leaves]
+
+    def kw_of(fn):
+        return {"backend": backend} if fn is kernels.norm_rotate else {}
+
+    got, want = second(kernels.norm_rotate), second(norm.reference)
+    assert want[0] is not None and want[2] is not None  # q and its weight: second order
+    for a, b in zip(got, want, strict=True):
+        if b is None:  # k's side does not reach q's gradient
+            assert a is None or not a.any()
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())

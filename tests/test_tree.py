@@ -17,6 +17,8 @@ COVERED_ELSEWHERE = {
     "_version.py": "one string",
     "lesson/__init__.py": "empty",
     "bench/__init__.py": "empty",
+    "bench/timing.py": "the rounds every bench is timed in: test_bench_hf.py, test_bench_decode.py",
+    "bench/outputs.py": "which CSV --out may replace: test_bench_kernels.py, test_cli.py",
     "lab/__init__.py": "re-exports: test_import.py",
     "hf/__init__.py": "re-exports: test_import.py",
     "hf/spec.py": "the RopeSpec records, read and checked through test_hf_config.py",
@@ -99,6 +101,9 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_logit_modifiers.py",  # sinks, SSMax and windows: attention.py, temperature.py
         "lesson/test_browser.py",  # the built page in Chromium
         "lesson/test_a11y.py",  # the built page for every reader: what axe cannot see
+        "test_devices.py",  # every backend's test builds its tensors on its device
+        "test_gpu.py",  # on a CUDA GPU: CUDA-graph capture, no host sync
+        "test_gpu_check.py",  # benchmarks/gpu.sh, the GPU check, and its summary
     }
     src = ROOT / "src" / "posemb"
     mirrored = set()

@@ -312,7 +312,10 @@ class FusedForward:
         if norms is not None:  # forms is (FORMS[0],): _norms_for checked it
             name = f"{rebind.PREFIX}norms_{ROTATION}"
             renames[ROTATION] = rebind.install(cls.__module__, name, NORM_ROTATION)
-        self._bound = types.MethodType(rebind.rebuilt(original, renames), module)
+        fn = rebind.rebuilt(original, renames)
+        self._bound = types.MethodType(fn, module)
+        # The code that calls the norms (beneath any decorator): a norm defers only to it.
+        self._code = _innermost(fn).__code__
         # What inspect.signature reads: the bound method's parameters, without self.
         self.__signature__ = inspect.signature(self._bound)
 
@@ -320,7 +323,7 @@ class FusedForward:
         norms = self._norms
         if norms is None or _checks.tracing():  # nothing defers while tracing (fused_norm)
             return self._bound(*args, **kwargs)
-        before = begin(self._module, norms)
+        before = begin(self._module, self._code)
         try:
             return self._bound(*args, **kwargs)
         finally:
@@ -418,7 +421,7 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
         names.append(name)
         if fused._norms is not None:
-            names += [f"{name}.{norm}" for norm in defer(module)]
+            names += [f"{name}.{norm}" for norm in defer(module, fused._norms)]
     return names
 
 

@@ -30,6 +30,7 @@ so not fusable into a per-head pass.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -119,34 +120,35 @@ def why_not(attention: nn.Module, head_dim: int) -> NormSpec | str | None:
 
 
 class _Call(threading.local):
-    """The fused attention whose forward runs now in this thread, its norms' form, and the
-    norms of it that deferred their work to its rotation during this call."""
+    """The fused attention whose forward runs now in this thread, the code object of that
+    forward (the caller a deferring norm must have), and the norms that deferred their work to
+    its rotation during this call."""
 
     attention: nn.Module | None = None
-    spec: NormSpec | None = None
-    deferred: tuple[nn.Module, ...] = ()
+    code: types.CodeType | None = None
+    deferred: tuple[Deferred, ...] = ()
 
 
 _CALL = _Call()
 
 
-_State = tuple[nn.Module | None, NormSpec | None, tuple[nn.Module, ...]]
+_State = tuple[nn.Module | None, types.CodeType | None, tuple["Deferred", ...]]
 
 
-def begin(attention: nn.Module, spec: NormSpec) -> _State:
-    """Mark ``attention``'s fused forward, whose norms compute ``spec``, as running in this
-    thread; the state before, for :func:`end` (a try/finally, not a context manager: that
-    costs ~1.5 us a layer at decode)."""
+def begin(attention: nn.Module, code: types.CodeType) -> _State:
+    """Mark ``attention``'s fused forward, whose code is ``code``, as running in this thread;
+    the state before, for :func:`end` (a try/finally, not a context manager: that costs ~1.5
+    us a layer at decode)."""
     call = _CALL
-    before = call.attention, call.spec, call.deferred
-    call.attention, call.spec, call.deferred = attention, spec, ()
+    before = call.attention, call.code, call.deferred
+    call.attention, call.code, call.deferred = attention, code, ()
     return before
 
 
 def end(before: _State) -> None:
     """Put back the state :func:`begin` returned (re-entrant)."""
     call = _CALL
-    call.attention, call.spec, call.deferred = before
+    call.attention, call.code, call.deferred = before
 
 
 def _unhooked(norm: nn.Module) -> bool:
@@ -163,48 +165,96 @@ def _unhooked(norm: nn.Module) -> bool:
     )
 
 
+_CALL_MACHINERY = _nn_module.__file__  # torch's Module.__call__ and _call_impl live here
+
+
+def _caller() -> tuple[object, types.CodeType | None]:
+    """The module torch is calling (the ``self`` of its nearest call frame, or None when the
+    forward was called directly) and the code that called it, from the frames above the
+    :class:`Deferred` that asks."""
+    frame: types.FrameType | None = sys._getframe(2)
+    module: object = None
+    while frame is not None and frame.f_code.co_filename == _CALL_MACHINERY:
+        if module is None:
+            module = frame.f_locals.get("self")
+        frame = frame.f_back
+    return module, None if frame is None else frame.f_code
+
+
+def _methods(cls: type) -> dict[str, object]:
+    """The functions of ``cls`` and its bases below ``nn.Module``: what it computes with."""
+    out: dict[str, object] = {}
+    for base in reversed(cls.__mro__):
+        if issubclass(base, nn.Module) and base is not nn.Module:
+            out.update({k: v for k, v in vars(base).items() if callable(v)})
+    return out
+
+
 class Deferred:
     """A norm's ``forward`` while posemb's rotation may apply it.
 
-    Inside its attention's fused forward, unhooked, with its class's forward the one probed and
-    nothing tracing, it hands its input on and records that it did (the rotation applies it);
-    anywhere else it computes what its class computes. Pickles as the norm it stands for, so a
-    saved fused model loads fused.
+    It hands its input on, and records that it did (the rotation applies the norm), only when
+    nothing could tell: called by its own attention's fused forward code (not by a hook, a
+    wrapper or other code running inside it), the norm unhooked, its class's methods and its
+    own attributes those probed when patched, its eps positive, nothing tracing. Anywhere
+    else it computes what its class computes, for the module actually called (a shallow copy
+    shares this object). ``offset`` is the weight form probed on this norm (Gemma's
+    ``1 + w``), so a norm moved to another attention keeps its own. Pickles as the norm it
+    stands for, so a saved fused model loads fused.
     """
 
-    def __init__(self, norm: nn.Module) -> None:
+    def __init__(
+        self, norm: nn.Module, offset: float = 0.0, names: frozenset[str] | None = None
+    ) -> None:
         self._norm = norm
-        self._probed = type(norm).forward
+        self.offset = float(offset)
+        self._methods = _methods(type(norm))
+        # The norm's own attribute names, this forward among them (given when unpickling: the
+        # norm may not have its attributes back yet when this is rebuilt).
+        self._names = frozenset(norm.__dict__) | {"forward"} if names is None else names
+
+    def _as_probed(self, norm: nn.Module) -> bool:
+        cls = type(norm)
+        eps = _eps_of(norm)
+        return (
+            isinstance(eps, float)
+            and 0.0 < eps < math.inf
+            and norm.__dict__.keys() == self._names
+            and all(getattr(cls, k, None) is v for k, v in self._methods.items())
+            and _unhooked(norm)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         norm = self._norm
-        forward = type(norm).forward
-        if _checks.tracing():
-            return forward(norm, x)
+        if _checks.tracing():  # under a compiler the norm runs as written, and is fused there
+            return type(norm).forward(norm, x)
+        called, code = _caller()
+        if isinstance(called, nn.Module) and called is not norm:
+            return type(called).forward(called, x)  # a copy sharing this forward: its own
         call = _CALL
         attention = call.attention
         if (
             attention is None
-            or forward is not self._probed
-            or not _unhooked(norm)
+            or code is not call.code
             or not (
                 attention._modules.get("q_norm") is norm or attention._modules.get("k_norm") is norm
             )
+            or not self._as_probed(norm)
         ):
-            return forward(norm, x)
-        call.deferred = (*call.deferred, norm)
+            return type(norm).forward(norm, x)
+        call.deferred = (*call.deferred, self)
         return x
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Deferred, (self._norm,))
+        return (Deferred, (self._norm, self.offset, self._names))
 
 
-def defer(attention: nn.Module) -> list[str]:
-    """Install :class:`Deferred` as ``attention``'s q and k norms' ``forward``; the names of the
-    norms, relative to the attention."""
+def defer(attention: nn.Module, spec: NormSpec) -> list[str]:
+    """Install :class:`Deferred` as ``attention``'s q and k norms' ``forward``, with the weight
+    form ``spec`` probed on them; the names of the norms, relative to the attention."""
     for name in ("q_norm", "k_norm"):
         norm = getattr(attention, name)
-        norm.forward = Deferred(norm)
+        norm.forward = Deferred(norm, spec.offset)
     return ["q_norm", "k_norm"]
 
 
@@ -241,7 +291,7 @@ def norm_rotation() -> Callable[..., tuple]:
 
     q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` as the attention hands them, cos and sin
     ``(B, S, r)``; returns ``(q', k')`` in q's dtype. The norms' eps and weights are read at each
-    call, the weight form (the offset) from the spec probed when the attention was patched.
+    call, the weight form (the offset) from what was probed on each norm when patched.
     """
 
     def apply_rotary_pos_emb(
@@ -257,30 +307,36 @@ def norm_rotation() -> Callable[..., tuple]:
         if _checks.tracing():
             return _plain_rotation(q, k, cos, sin, n)  # no norm deferred while tracing
         call = _CALL
-        attention, spec, deferred = call.attention, call.spec, call.deferred
-        if attention is None or spec is None or not deferred:
+        attention, deferred = call.attention, call.deferred
+        if attention is None or not deferred:
             return _plain_rotation(q, k, cos, sin, n)
         call.deferred = ()  # applied once, here
         q_norm, k_norm = attention._modules["q_norm"], attention._modules["k_norm"]
         assert q_norm is not None and k_norm is not None
-        q_deferred = any(m is q_norm for m in deferred)
-        k_deferred = any(m is k_norm for m in deferred)
+        q_def = next((d for d in deferred if d._norm is q_norm), None)
+        k_def = next((d for d in deferred if d._norm is k_norm), None)
         eps = _eps_of(q_norm)
-        if q_deferred and k_deferred and eps == _eps_of(k_norm) and isinstance(eps, float):
+        if (
+            q_def is not None
+            and k_def is not None
+            and q_def.offset == k_def.offset
+            and eps == _eps_of(k_norm)
+            and isinstance(eps, float)
+        ):
             q_weight, k_weight = q_norm.weight, k_norm.weight
             assert isinstance(q_weight, torch.Tensor) and isinstance(k_weight, torch.Tensor)
             # A decode step's layers: the op called directly, the weights as they are now.
-            out = _DERIVED(q, k, cos, sin, (q_weight, k_weight, eps, spec.offset))
+            out = _DERIVED(q, k, cos, sin, (q_weight, k_weight, eps, q_def.offset))
             if out is not None:
                 return out
             return kernels.norm_rotate(
-                q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, eps, spec.offset
+                q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, eps, q_def.offset
             )
-        # q's and k's epsilons made to differ since: each deferred norm applied here as its
+        # q's and k's epsilons or weight forms differ: each deferred norm applied here as its
         # class computes it, then the rotation.
-        if q_deferred:
+        if q_def is not None:
             q = type(q_norm).forward(q_norm, q)
-        if k_deferred:
+        if k_def is not None:
             k = type(k_norm).forward(k_norm, k)
         return _plain_rotation(q, k, cos, sin, n)
 

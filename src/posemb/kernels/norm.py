@@ -189,11 +189,42 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.eps, ctx.interleaved = eps, interleaved
 
 
+def differentiable_grads(
+    grads: tuple[Tensor, Tensor],
+    saved: tuple[Tensor, ...],
+    need: tuple[bool, bool, bool, bool],
+    eps: float,
+    interleaved: bool,
+) -> tuple[Tensor | None, ...]:
+    """The gradients of q, k and the two (offset) weights through the definition, with the
+    graph kept: for a backward that is itself differentiated (``create_graph=True``: gradient
+    penalties, Hessian-vector products, MAML). The fused backward ops have no autograd of
+    their own, so their second derivatives would silently be zero.
+
+    ``saved`` is the forward's ``(q, k, cos, sin, q_weight, k_weight)`` with tables ``(1 or B,
+    S, n)``; ``need`` says which of q, k and the weights want a gradient.
+    """
+    q, k, cos, sin, qw, kw = saved
+    c, s = (t if t.shape[0] > 1 else t[0] for t in (cos, sin))
+    lay = Layout.INTERLEAVED if interleaved else Layout.HALF
+    with torch.enable_grad():
+        out = reference(q, k, c, s, qw, kw, eps, 0.0, lay)
+        wanted = [t for t, n in zip((q, k, qw, kw), need, strict=True) if n]
+        got = iter(torch.autograd.grad(out, wanted, grads, create_graph=True, allow_unused=True))
+    return tuple(next(got) if n else None for n in need)
+
+
 def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
     from .ops import unit_last
 
     q, k, cos, sin, qw, kw = ctx.saved_tensors
     need = ctx.needs_input_grad
+    if torch.is_grad_enabled():  # the backward is differentiated too
+        dq, dk, dqw, dkw = differentiable_grads(
+            (grad_q, grad_k), ctx.saved_tensors, (need[0], need[1], need[4], need[5]),
+            ctx.eps, ctx.interleaved,
+        )  # fmt: skip
+        return dq, dk, None, None, dqw, dkw, None, None
     dq, dk, dqw, dkw = torch.ops.posemb.norm_rotate_cpu_backward.default(
         unit_last(grad_q), unit_last(grad_k), q, k, cos, sin, qw, kw, ctx.eps,
         ctx.interleaved, need[0], need[1], need[4], need[5],

@@ -233,6 +233,17 @@ def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
 
     q, k, cos, sin, qw, kw = ctx.saved_tensors
     need = ctx.needs_input_grad
+    if torch.is_grad_enabled():  # the backward is differentiated too: through the definition
+        from .norm import differentiable_grads
+
+        batch = q.shape[0] if ctx.stride else 1
+        tables = (cos.view(batch, -1, cos.shape[-1]), sin.view(batch, -1, sin.shape[-1]))
+        saved = (q, k, *tables, qw, kw)
+        dq, dk, dqw, dkw = differentiable_grads(
+            (grad_q, grad_k), saved, (need[0], need[1], need[4], need[5]), ctx.eps,
+            ctx.interleaved,
+        )  # fmt: skip
+        return (dq, dk, None, None, dqw, dkw) + (None,) * 3
     dq, dk, dqw, dkw = norm_rotate_triton_backward(
         unit_last(grad_q), unit_last(grad_k), q, k, cos, sin, qw, kw, ctx.eps,
         ctx.interleaved, ctx.stride, need[0], need[1], need[4], need[5],
