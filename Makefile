@@ -54,8 +54,12 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Two workers (the project's machines have 2 cores), each test module kept on one worker and
+# the lesson's and the site's tests together (tests/conftest.py): PYTEST_ARGS= runs it serially.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
+
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .

@@ -1,4 +1,5 @@
 import os
+import pathlib
 
 from hypothesis import HealthCheck, settings
 
@@ -25,6 +26,28 @@ except ImportError:  # pragma: no cover
 
 
 import pytest  # noqa: E402
+
+# make test runs two pytest-xdist workers (one per core of the project's 2-core machines):
+# each then computes on one thread, not two threads each on two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
+
+# What a worker must run together (make test: --dist loadgroup). A test module's tests share
+# module-scoped fixtures and, in test_front_door.py, state from one test to the next: each
+# module is one group. The lesson's tests and the site's share session fixtures that take
+# minutes (every claim run, every figure, the page built): they are one group.
+_SHARED_SESSION = ("lesson/", "test_docs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Give each test its xdist group (see above); inert without xdist's loadgroup."""
+    root = pathlib.Path(__file__).parent
+    for item in items:
+        rel = item.path.relative_to(root).as_posix()
+        group = "lesson-and-site" if rel.startswith(_SHARED_SESSION) else rel
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
