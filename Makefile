@@ -54,9 +54,10 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Two workers (the project's machines have 2 cores), each test module kept on one worker and
-# the lesson's and the site's tests together (tests/conftest.py): PYTEST_ARGS= runs it serially.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# Three workers on the project's 2 cores: a third keeps the cores busy while another waits on
+# pip, a browser or a build. Each test module stays on one worker, the lesson's and the site's
+# tests together, the longest first (tests/conftest.py). PYTEST_ARGS= runs it serially.
+PYTEST_ARGS ?= -n 3 --dist loadgroup
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

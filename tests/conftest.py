@@ -41,13 +41,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 _SHARED_SESSION = ("lesson/", "test_docs.py")
 
 
+# The groups that take minutes each (fresh environments, the wheel, the lesson's claims and
+# page in a browser) start first, so that no worker is left with one of them at the end.
+_LONG = ("test_front_door.py", "test_wheel.py", "lesson-and-site", "test_lab_tasks.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Give each test its xdist group (see above); inert without xdist's loadgroup."""
+    """Give each test its xdist group (see above), the long groups first; inert without
+    pytest-xdist."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     root = pathlib.Path(__file__).parent
+    groups = {}
     for item in items:
         rel = item.path.relative_to(root).as_posix()
         group = "lesson-and-site" if rel.startswith(_SHARED_SESSION) else rel
         item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = group
+    # Stable: within a group, and among the rest, the collection order stands.
+    items.sort(key=lambda it: _LONG.index(g) if (g := groups[it.nodeid]) in _LONG else len(_LONG))
 
 
 @pytest.fixture(scope="session")

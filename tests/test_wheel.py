@@ -29,7 +29,9 @@ from test_front_door import build_script, readme_install_lines
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 # The kernel tests and what they import; run inside the new environment.
-KERNEL_TESTS = ("test_kernels.py", "test_kernels_cpu.py", "tolerances.py", "conftest.py")
+KERNEL_TESTS = (
+    "test_kernels.py", "test_kernels_cpu.py", "tolerances.py", "devices.py", "conftest.py"
+)  # fmt: skip
 
 pytestmark = pytest.mark.wheel
 
