@@ -54,10 +54,10 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Three workers on the project's 2 cores: a third keeps the cores busy while another waits on
-# pip, a browser or a build. Each test module stays on one worker, the lesson's and the site's
-# tests together, the longest first (tests/conftest.py). PYTEST_ARGS= runs it serially.
-PYTEST_ARGS ?= -n 3 --dist loadgroup
+# Two workers, one per core of the project's machines. Each test module stays on one worker,
+# the lesson's and the site's tests together, the longest first (tests/conftest.py).
+# PYTEST_ARGS= runs it serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,5 +1,4 @@
 import os
-import pathlib
 
 from hypothesis import HealthCheck, settings
 
@@ -34,32 +33,44 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-# What a worker must run together (make test: --dist loadgroup). A test module's tests share
-# module-scoped fixtures and, in test_front_door.py, state from one test to the next: each
-# module is one group. The lesson's tests and the site's share session fixtures that take
-# minutes (every claim run, every figure, the page built): they are one group.
-_SHARED_SESSION = ("lesson/", "test_docs.py")
+# What a worker must run together (make test: -n 2 --dist loadfile). A test module's tests
+# share module-scoped fixtures and, in test_front_door.py, state from one test to the next:
+# each module is one unit of work. The lesson's tests and the site's share session fixtures
+# that take minutes (every claim run, every figure, the page built): they are one unit.
+# (xdist's own --dist loadgroup did not group anything with pytest 9.2 and xdist 3.8.)
+_SHARED_SESSION = ("tests/lesson/", "tests/test_docs.py")
+# The units that take minutes each (fresh environments, the wheel, the lesson in a browser)
+# start first, so that no worker is left with one of them at the end.
+_LONG = ("tests/test_front_door.py", "tests/test_wheel.py", "lesson-and-site")
 
 
-# The groups that take minutes each (fresh environments, the wheel, the lesson's claims and
-# page in a browser) start first, so that no worker is left with one of them at the end.
-_LONG = ("test_front_door.py", "test_wheel.py", "lesson-and-site", "test_lab_tasks.py")
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "lesson-and-site" if path.startswith(_SHARED_SESSION) else path
+
+
+def _rank(nodeid: str) -> int:
+    unit = _unit(nodeid)
+    return _LONG.index(unit) if unit in _LONG else len(_LONG)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Give each test its xdist group (see above), the long groups first; inert without
-    pytest-xdist."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    root = pathlib.Path(__file__).parent
-    groups = {}
-    for item in items:
-        rel = item.path.relative_to(root).as_posix()
-        group = "lesson-and-site" if rel.startswith(_SHARED_SESSION) else rel
-        item.add_marker(pytest.mark.xdist_group(group))
-        groups[item.nodeid] = group
-    # Stable: within a group, and among the rest, the collection order stands.
-    items.sort(key=lambda it: _LONG.index(g) if (g := groups[it.nodeid]) in _LONG else len(_LONG))
+    """The long units first (the order xdist hands units out in); stable otherwise."""
+    items.sort(key=lambda item: _rank(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent where it is not installed
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the lesson's and the site's modules as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture(scope="session")
