@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10 and make:
 #   make demo   creates .venv, installs posemb, builds its CPU op, runs posemb verify once
 #               and builds the lesson page from its results (posemb-lesson/index.html)
-#   make test   creates .venv, installs posemb with the dev extra, runs lint and the tests
+#   make test   creates .venv, installs posemb with the dev extra, runs ruff, then the tests
+#               with the type check beside them
 #               (among them: the wheel built, installed where no compiler exists, and tested,
 #               and the documentation site built strictly and opened in a browser)
 #   make docs   builds the documentation site into site/ (the lesson page inside it)
@@ -59,8 +60,17 @@ lint: $(VENV)/.installed-dev
 # PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# ruff first (a second); the type check (about 40 s of one core, cold) runs beside the tests,
+# in the time their workers wait on pip and subprocesses, and prints after them. Either failing
+# fails make test.
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
+	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
+	exit $$(( tests ? tests : types ))
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .

@@ -216,6 +216,13 @@ def test_an_isolated_build_of_the_sdist_fails_loudly(built, fresh_env):
     assert "--no-build-isolation" in said
 
 
+def _pip_cache_dir() -> str:
+    """This user's pip download cache (``pip cache dir``); "" where pip has none."""
+    done = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True,
+                          text=True)  # fmt: skip
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else ""
+
+
 @pytest.fixture(scope="module")
 def fresh_env(built, tmp_path_factory) -> dict[str, object]:
     """A new virtual environment where the README's wheel line installed the wheel (and then
@@ -232,6 +239,10 @@ def fresh_env(built, tmp_path_factory) -> dict[str, object]:
         "LANG": "C.UTF-8",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
+    # pip's download cache only saves the network (torch is ~200 MB); what a new user lacks,
+    # a built op and any configuration, stays out through HOME.
+    if cache := _pip_cache_dir():
+        env["PIP_CACHE_DIR"] = cache
     # The line after `make wheel &&` (the `built` fixture ran what make wheel runs), verbatim,
     # where a user would run it: a checkout holding constraints.txt and dist/.
     (line,) = [ln for ln in readme_install_lines() if ".whl" in ln]
