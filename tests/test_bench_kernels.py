@@ -71,8 +71,14 @@ def test_an_earlier_bench_csv_is_still_recognised_as_ours():
     from posemb.bench.kernels import MACHINE_FIELDS, Row
     from posemb.bench.outputs import is_bench_csv
 
-    old = [f for f in Row.__dataclass_fields__ if f not in MACHINE_FIELDS]
+    fields = list(Row.__dataclass_fields__)
+    assert fields[-1] == "host_ms"  # the newest column, added at the end
+    before_host = fields[:-1]
+    assert is_bench_csv((",".join(before_host) + "\n1,2\n").encode())
+    old = [f for f in before_host if f not in MACHINE_FIELDS]
     assert is_bench_csv((",".join(old) + "\n1,2\n").encode())
+    # Never written: the machine's columns missing but the host time there.
+    assert not is_bench_csv(",".join(f for f in fields if f not in MACHINE_FIELDS).encode())
     old_hf = [f for f in bench_hf.HFRow.__dataclass_fields__
               if f not in (*MACHINE_FIELDS, "cpu_op", "triton")]  # fmt: skip
     assert old_hf[-1] == "timestamp"

@@ -108,6 +108,37 @@ def test_the_cuda_path_never_synchronises_with_the_host(no_sync):
         posemb.cos_sin(pos, posemb.inv_freq(128, dtype=F64).to(DEV))
 
 
+def test_a_repeated_decode_call_skips_the_checks_and_still_refuses_a_changed_one(monkeypatch):
+    """The CUDA decode fast path: the second call with one signature runs no check and gives
+    the full path's answer; a call whose signature changed (dtype, strides, grad) is checked
+    again, so bad input is refused as before."""
+    from posemb.kernels import dispatch, triton_path
+
+    triton_path.forget()
+    checked = []
+    real = dispatch.check_pair
+    monkeypatch.setattr(
+        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
+    )
+    q, k = _decode_inputs()
+    cos, sin = _tables(torch.tensor([[5], [900]], device=DEV))
+    first = kernels.rotate(q, k, cos, sin)
+    second = kernels.rotate(q, k, cos, sin)
+    assert len(checked) == 1
+    want = kernels.rotate(q, k, cos, sin, backend="reference")
+    for a, b, w in zip(first, second, want, strict=True):
+        assert torch.equal(a, b)
+        assert_close(b, w, torch.bfloat16)
+    kernels.rotate(q.float(), k.float(), cos, sin)  # another dtype: checked again
+    assert len(checked) == 2
+    with pytest.raises(ValueError, match="cos has 65 frequencies"):
+        wide = torch.zeros(2, 1, 65, device=DEV)
+        kernels.rotate(q, k, wide, wide)
+    qg = q.float().requires_grad_()
+    out, _ = kernels.rotate(qg, k.float(), cos, sin)
+    assert out.grad_fn is not None  # a gradient wanted: the registered op, not the fast path
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

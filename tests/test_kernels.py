@@ -345,6 +345,10 @@ def test_bad_input(call, exc, match):
 def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
     if ON_GPU:
         pytest.skip("a GPU is present")
+    # Imported first: triton fixes a kernel's mode (interpreted or compiled) when the module
+    # defining it is imported, and every later test of this worker needs the interpreter.
+    from posemb.kernels import triton as _  # noqa: F401
+
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         kernels.rotate(q4, q4, c5, s5, backend="triton")
@@ -501,3 +505,33 @@ def test_rotate_cached_positions_and_offsets_cannot_wrap_into_a_row():
     with pytest.raises(ValueError, match="positions must lie within"):
         kernels.rotate_cached(q, q, cos, sin, positions=torch.tensor([-(1 << 63)]),
                               offsets=torch.tensor([-(1 << 63) + 3]))  # fmt: skip
+
+
+def _spanning(shape, dtype, device, seed):
+    """A (3, H, S, D) view whose sequences start 2^30 elements apart, so the third starts at
+    2^31: each stride fits 32 bits (Triton passes it as int32), their product does not. The
+    storage is allocated, not touched: only the view's elements are written."""
+    _, h, s, d = shape
+    storage = torch.empty((1 << 31) + h * s * d, dtype=dtype, device=device)
+    x = storage.as_strided(shape, (1 << 30, s * d, d, 1))
+    g = torch.Generator().manual_seed(seed)
+    x.copy_(torch.randn(shape, generator=g).to(device=device, dtype=dtype))
+    return x
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_view_spanning_2_to_the_31_elements_takes_64_bit_offsets(layout, inplace):
+    """Offsets are 32-bit unless a tensor of the call spans 2^31 elements; past that, a
+    32-bit offset would wrap and rotate the wrong memory."""
+    device = device_of("triton")
+    q = _spanning((3, 2, 3, 64), torch.float16, device, seed=0)
+    k = torch.randn(3, 1, 3, 64, generator=torch.Generator().manual_seed(1)).to(device, F64)
+    k = k.to(torch.float16)
+    cos, sin = tables(torch.arange(40, 43, device=device), 64, device)
+    want_q = reference.rotate(q.clone(), cos, sin, layout)
+    want_k = reference.rotate(k, cos, sin, layout)
+    got_q, got_k = kernels.rotate(q, k, cos, sin, layout=layout, backend="triton", inplace=inplace)
+    assert (got_q.data_ptr() == q.data_ptr()) == inplace
+    assert_close(got_q, want_q, torch.float16)
+    assert_close(got_k, want_k, torch.float16)

@@ -295,3 +295,24 @@ def test_a_differentiated_backward_matches_the_definitions_second_derivatives(ba
             assert a is None or not a.any()
             continue
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
+
+
+def test_a_view_spanning_2_to_the_31_elements_takes_64_bit_offsets():
+    """As the rotation's: past 2^31 elements the norm kernels' offsets are 64-bit."""
+    device = device_of("triton")
+    b, h, s, d = shape = (3, 2, 3, 32)  # the third sequence starts at 2^31 (strides 2^30)
+    storage = torch.empty((1 << 31) + h * s * d, dtype=torch.float16, device=device)
+    q = storage.as_strided(shape, (1 << 30, s * d, d, 1))
+    q.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, q.dtype))
+    q.requires_grad_()
+    k, cos, sin, qw, kw = _inputs(((b, 1, s, d), 1, d), torch.float16, device)[1:]
+    got = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, backend="triton")
+    want = _want(q.detach(), k, cos, sin, qw, kw, 1e-6, 0.0, Layout.HALF)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w.to(device), torch.float16)
+    (grad,) = torch.autograd.grad(got[0].float().sum(), q)
+    qd = q.detach().to("cpu", F64).requires_grad_()
+    out = norm.reference(qd, *(t.to("cpu", F64) for t in (k, cos, sin, qw, kw)), 1e-6, 0.0,
+                         Layout.HALF)[0]  # fmt: skip
+    (want_grad,) = torch.autograd.grad(out.sum(), qd)
+    assert_close(grad, want_grad.to(device), torch.float16)

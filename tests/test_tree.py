@@ -38,6 +38,13 @@ COVERED_ELSEWHERE = {
         "opcheck and every backend against the reference in one parametrized suite"
     ),
     "kernels/triton.py": "the Triton backend, in the same suite: test_kernels.py",
+    "kernels/dispatch.py": (
+        "rotate and rotate_cached, the package's entry points: test_kernels.py, test_errors.py"
+    ),
+    "kernels/triton_path.py": (
+        "the Triton path's host side: test_kernels.py (every Triton case), test_gpu.py (its "
+        "decode fast path, on a GPU)"
+    ),
     "kernels/triton_norm.py": "the Triton norm_rotate, with the others: test_kernels_norm.py",
     "kernels/build.py": "the op's compile flags: test_kernels_cpu.py, test_wheel.py",
     "lab/race.py": "the fine-tuning race runs in a sweep: test_lab_tasks.py",

@@ -70,6 +70,9 @@ class DecodeRow(Machine):
     vs_transformers: float | None
     """Median over rounds of transformers' time over this method's (>1: faster)."""
     calls: int
+    host_us: float = 0.0
+    """Median per call until the call returned to Python (checks, dispatch, launches): on the
+    CPU the whole call; on a GPU the host's share, the part a CUDA graph removes."""
 
 
 def _layer(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> dict[str, Callable]:
@@ -243,9 +246,10 @@ def run(
         }
         for part, (methods, calls, default) in parts.items():
             reps = repeats or (3 if quick else default)
+            host: dict[str, list[float]] = {}
             with torch.no_grad():
-                times = rounds(_repeated(methods, calls), reps, sync)
-            rows += _rows(part, batch, dtype, calls, times, meta, progress)
+                times = rounds(_repeated(methods, calls), reps, sync, host)
+            rows += _rows(part, batch, dtype, calls, times, host, meta, progress)
     return rows
 
 
@@ -260,7 +264,7 @@ def _repeated(methods: dict[str, Callable], calls: int) -> dict[str, Callable]:
     return {name: many(f) for name, f in methods.items()}
 
 
-def _rows(part, batch, dtype, calls, times, meta, progress) -> list[DecodeRow]:
+def _rows(part, batch, dtype, calls, times, host, meta, progress) -> list[DecodeRow]:
     reference = times[REFERENCE]
     rows = []
     for method, ts in times.items():
@@ -268,9 +272,12 @@ def _rows(part, batch, dtype, calls, times, meta, progress) -> list[DecodeRow]:
         med = statistics.median(per)
         qs = statistics.quantiles(per, n=5) if len(per) > 1 else [med] * 4
         ratio = statistics.median(r / t for r, t in zip(reference, ts, strict=True) if t > 0)
-        rows.append(DecodeRow(part, batch, dtype, method, med, qs[0], qs[-1], ratio, calls, **meta))
+        host_us = statistics.median(1e3 * t / calls for t in host[method])
+        rows.append(DecodeRow(part, batch, dtype, method, med, qs[0], qs[-1], ratio, calls,
+                              host_us, **meta))  # fmt: skip
         if progress:
-            progress(f"{part:6} b{batch:<2} {method:26} {med:9.1f} us  {ratio:5.2f}x")
+            progress(f"{part:6} b{batch:<2} {method:26} {med:9.1f} us  {ratio:5.2f}x  "
+                     f"host {host_us:.1f} us")  # fmt: skip
     return rows
 
 
@@ -283,16 +290,18 @@ def summary(rows: list[DecodeRow]) -> str:
         f"posemb bench --decode: Llama 3.1 8B attention shapes ({HEADS}/{KV_HEADS} heads of "
         f"{HEAD_DIM}), {r0.dtype}, {describe_machine(r0)}",
         f"{'part':6} {'batch':>5} {'method':26} {'median us':>10} {'p20-p80 us':>15} "
-        f"{'vs transformers':>15}",
+        f"{'vs transformers':>15} {'host us':>8}",
     ]
     for r in rows:
         spread = f"{r.p20_us:.1f}-{r.p80_us:.1f}"
         ratio = "-" if r.vs_transformers is None else f"{r.vs_transformers:.2f}x"
         lines.append(
-            f"{r.part:6} {r.batch:5} {r.method:26} {r.median_us:10.1f} {spread:>15} {ratio:>15}"
+            f"{r.part:6} {r.batch:5} {r.method:26} {r.median_us:10.1f} {spread:>15} {ratio:>15} "
+            f"{r.host_us:8.1f}"
         )
     lines.append(
-        "vs transformers: the median over rounds of its time over the method's (>1: faster)"
+        "vs transformers: the median over rounds of its time over the method's (>1: faster); "
+        "host us: until the call returned, before the device finished (on the CPU, the same)"
     )
     return "\n".join(lines)
 

@@ -83,6 +83,9 @@ class Row:
     flash_attn: str | None = None
     absent: str = ""
     """The peer libraries not installed in this run (so their methods have no rows)."""
+    host_ms: float | None = None
+    """Median until the call returned to Python (forward rows timed in pairs): on the CPU the
+    whole call; on a GPU the host's share (checks, dispatch, launches)."""
 
 
 @dataclass(kw_only=True)
@@ -138,26 +141,29 @@ def _sync(device: torch.device) -> None:
 
 def _time_paired(
     fn: Callable[[], object], ref: Callable[[], object], device: torch.device, repeats: int
-) -> tuple[float, list[float], float]:
+) -> tuple[float, list[float], float, float]:
     """``fn`` timed in alternation with its bandwidth reference ``ref``: first-call time,
-    steady-state times (ms), and the median of the per-pair ratios fn/ref. Measured apart, the
+    steady-state times (ms), the median of the per-pair ratios fn/ref, and the median host
+    time (ms until ``fn`` returned, before the device finished). Measured apart, the
     reference at the start of a run and a method a minute later, the ratio drifted by 1.2x
     to 1.6x on a shared machine; pairs see the same machine state."""
     first, _ = _time(fn, device, 0)  # the first call, and one to warm up
 
-    def once(f: Callable[[], object]) -> float:
+    def once(f: Callable[[], object]) -> tuple[float, float]:
         _sync(device)
         t0 = time.perf_counter()
         f()
+        t1 = time.perf_counter()
         _sync(device)
-        return (time.perf_counter() - t0) * 1e3
+        return (time.perf_counter() - t0) * 1e3, (t1 - t0) * 1e3
 
-    times, ratios = [], []
+    times, ratios, host = [], [], []
     for _ in range(repeats):
-        r, t = once(ref), once(fn)
+        (r, _), (t, h) = once(ref), once(fn)
         times.append(t)
+        host.append(h)
         ratios.append(t / r if r > 0 else float("nan"))
-    return first, times, statistics.median(ratios)
+    return first, times, statistics.median(ratios), statistics.median(host)
 
 
 def _time(
@@ -445,10 +451,11 @@ def _measure(
         times: list[float],
         traffic: int,
         vs_bandwidth: float | None = None,
+        host_ms: float | None = None,
     ) -> None:
         where = (shape_name, shape, dtype_name)
         row = _row(where, mode, method, first=first, times=times, traffic=traffic, meta=meta)
-        row = replace(row, vs_bandwidth=vs_bandwidth)
+        row = replace(row, vs_bandwidth=vs_bandwidth, host_ms=host_ms)
         if mode == "forward":
             forward_ms[method] = row.median_ms
         rows.append(row)
@@ -470,8 +477,8 @@ def _measure(
     for method, (kind, fn) in _methods(q, cos, sin, dev).items():
         with torch.no_grad():
             ref = mul if kind == "inplace" else copy
-            first, times, ratio = _time_paired(functools.partial(fn, q, k), ref, dev, reps)
-        record("forward", method, first, times, 2 * nbytes, ratio)
+            first, times, ratio, host = _time_paired(functools.partial(fn, q, k), ref, dev, reps)
+        record("forward", method, first, times, 2 * nbytes, ratio, host)
         if kind == "inplace":
             continue  # in place is the inference path: no autograd
         qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
@@ -530,7 +537,7 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
     lines += [f"one-off: {k} = {v:.2f}" for k, v in one_off.items()]
     lines.append(
         f"{'shape':8} {'dtype':5} {'mode':8} {'method':30} {'median ms':>10} {'GB/s':>7} "
-        f"{'x bandwidth':>11} {'vs HF eager':>11}"
+        f"{'x bandwidth':>11} {'vs HF eager':>11} {'host us':>8}"
     )
 
     def f(v: float | None, fmt: str, width: int, unit: str = "") -> str:
@@ -541,8 +548,10 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
         lines.append(
             f"{r.shape_name:8} {r.dtype:5} {r.mode:8} {r.method:30} {r.median_ms:10.3f} "
             f"{f(r.gbps, '.1f', 7)} {f(r.vs_bandwidth, '.2f', 11, 'x')} "
-            f"{f(r.vs_hf_eager, '.1f', 11, 'x')}"
+            f"{f(r.vs_hf_eager, '.1f', 11, 'x')} "
+            f"{f(None if r.host_ms is None else 1e3 * r.host_ms, '.1f', 8)}"
         )
+    lines.append("host us: until the call returned, before the device finished (forward rows)")
     return "\n".join(lines)
 
 

@@ -15,19 +15,22 @@ def is_bench_csv(data: bytes) -> bool:
     """Whether a file's bytes are an earlier ``posemb bench --out`` CSV (of either kind): its
     first line is the header :func:`posemb.bench.kernels.write_csv` writes for them."""
     first = data.split(b"\n", 1)[0].rstrip(b"\r")
-    # Each kind's header now, and before the machine's columns (for --hf, with cpu_op and
-    # triton) were added at its end.
-    added: dict[type, tuple[str, ...]] = {
-        Row: MACHINE_FIELDS,
-        HFRow: (*MACHINE_FIELDS, "cpu_op", "triton"),
-        DecodeRow: (),
+    # Each kind's header now, and as it was before each group of columns was added at its end
+    # (newest last): the machine's columns (for --hf, with cpu_op and triton), then the host
+    # time per call.
+    added: dict[type, tuple[tuple[str, ...], ...]] = {
+        Row: (MACHINE_FIELDS, ("host_ms",)),
+        HFRow: ((*MACHINE_FIELDS, "cpu_op", "triton"),),
+        DecodeRow: (("host_us",),),
         NormRow: (),
     }
     headers = set()
-    for cls, new in added.items():
+    for cls, groups in added.items():
         fields = [f.name for f in dataclasses.fields(cls)]
         headers.add(",".join(fields).encode())
-        headers.add(",".join(f for f in fields if f not in new).encode())
+        for i in range(len(groups)):
+            dropped = {name for group in groups[i:] for name in group}
+            headers.add(",".join(f for f in fields if f not in dropped).encode())
     return first in headers
 
 

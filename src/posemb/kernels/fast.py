@@ -117,6 +117,9 @@ def forget() -> None:
     global _last_rotate
     _last_rotate = None
     TABLES.clear()
+    from . import triton_path
+
+    triton_path.forget()
 
 
 def rotate_cpu(

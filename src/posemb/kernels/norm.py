@@ -116,17 +116,17 @@ def norm_rotate(
     Returns:
         ``(q, k)`` normalised and rotated, dtypes kept.
     """
-    from . import _check_pair, _pick_backend, _refuse_inplace_grad
+    from .dispatch import check_pair, pick_backend, refuse_inplace_grad
 
-    q, k = _check_pair(q, k, varlen=False)
+    q, k = check_pair(q, k, varlen=False)
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
     qw, kw = _weight("q_weight", q_weight, q), _weight("k_weight", k_weight, k)
     eps_ = _checks.number("eps", eps, minimum=0.0, strict=True)
     offset = _offset(weight_offset)
     lay = as_layout(layout)
-    which = _pick_backend(backend, q, cos, sin)
-    _refuse_inplace_grad(inplace, q, k, cos, sin, qw, kw)
+    which = pick_backend(backend, q, cos, sin)
+    refuse_inplace_grad(inplace, q, k, cos, sin, qw, kw)
     if which == "reference" or (inplace and _checks.tracing()):
         q_out, k_out = reference(q, k, cos, sin, qw, kw, eps_, offset, lay)
         if inplace:

@@ -10,6 +10,8 @@ autograd. The backward of a rotation by theta is the same kernel rotating
 by -theta (R^T = R(-theta)), so nothing is saved but the cos/sin tables, and a side (q or k)
 that needs no gradient costs no work: it is passed with zero heads.
 
+:func:`cpu_pair` is the CPU path's call of them, from :mod:`posemb.kernels.dispatch`.
+
 The Triton kernel registers the same pair of ops (``rotate_triton``, ``rotate_triton_``) in
 :mod:`posemb.kernels.triton`, imported only when a Triton path is used.
 
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from .._errors import BackendUnavailable
 from . import cpu as _cpu
+from .layout import Layout
 
 
 def rotate_cpu(
@@ -129,4 +132,54 @@ def _register_cpu() -> None:
 _cpu.on_load(_register_cpu)
 
 
-__all__ = ["rotate_cpu", "rotate_cpu_"]
+def f32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as float32 and contiguous (itself when it is already)."""
+    return t.to(torch.float32).contiguous()
+
+
+def plain_eager(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Nothing traces these tensors and nothing needs their gradient: the functional op can
+    be skipped (compile, export and autograd always go through it)."""
+    return (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    )
+
+
+def cpu_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cos: torch.Tensor | None,
+    k_sin: torch.Tensor | None,
+    layout: Layout,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.posemb.rotate_cpu`` / ``rotate_cpu_`` on per-token tables."""
+
+    def table(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else f32(t if t.dim() == 3 else t[None])
+
+    c, s, kc, ks = table(cos), table(sin), table(k_cos), table(k_sin)
+    assert c is not None and s is not None
+    interleaved = layout is Layout.INTERLEAVED
+    if inplace:
+        torch.ops.posemb.rotate_cpu_.default(q, k, c, s, kc, ks, interleaved, False)
+        return q, k
+    if plain_eager(q, k):
+        # The functional op with its autograd kernel (registered from Python) took 17-19 us
+        # for a decode step's q and k even when nothing needs a gradient, and a decode step
+        # calls this once per layer; allocating here and rotating into the outputs took 9 us.
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        torch.ops.posemb._rotate_cpu_into.default(
+            q, k, q_out, k_out, c, s, kc, ks, interleaved, False
+        )
+        return q_out, k_out
+    q_out, k_out = torch.ops.posemb.rotate_cpu.default(q, k, c, s, kc, ks, interleaved, False)
+    return q_out, k_out
+
+
+__all__ = ["cpu_pair", "f32", "plain_eager", "rotate_cpu", "rotate_cpu_"]

@@ -1,16 +1,27 @@
 """The Triton RoPE kernel for GPUs: one launch rotates q and k, forward and backward.
 
-Each program takes a block of tokens of one sequence and a group of heads (of q, then of k:
-GQA's different head counts share one launch), loads the cos/sin rows of those tokens once,
-and rotates every head of the group with them in float32, storing in the output dtype. The
-table row of a token is its position: given (``positions``), or its index in the sequence,
-plus a per-sequence ``offsets`` entry (a KV-cache step), plus ``table_batch_stride * b`` when
-the table holds one block of rows per sequence. Packed variable-length batches (``cu_seqlens``)
-index tokens by sequence start. The backward pass is the same kernel with ``CONJ``: rotating by
--theta is the transpose of rotating by theta.
+Each program takes a 3-D tile, a block of tokens of one sequence by a block of heads (of q, or
+of k: GQA's different head counts share one launch, q's head blocks first) by the rotary
+pairs, loads the whole tile before it stores anything, rotates it in float32 with the cos/sin
+rows of its tokens (loaded once, shared by every head of the tile) and stores in the output
+dtype. The head width and the rotary width are compile-time constants, so address arithmetic
+folds and the loads of a row are full-width vector loads (128-bit where the strides allow,
+which Triton's launcher proves per call by specialising each stride divisible by 16). The
+interleaved layout loads each row whole and splits it into its pairs in registers, rather
+than loading every other element.
 
-Offsets are formed in int64: a (4, 32, 32768, 128) tensor already holds 2^29 elements, and a
-packed batch of long sequences passes 2^31.
+The table row of a token is its position: given (``positions``), or its index in the
+sequence, plus a per-sequence ``offsets`` entry (a KV-cache step), plus
+``table_batch_stride * b`` when the table holds one block of rows per sequence. Packed
+variable-length batches (``cu_seqlens``) index tokens by sequence start. The backward pass is
+the same kernel with ``CONJ``: rotating by -theta is the transpose of rotating by theta.
+
+Offsets are formed in int32 unless some tensor of the call spans 2^31 elements or more
+(``WIDE``): a (4, 32, 32768, 128) tensor already holds 2^29 elements, and a packed batch of
+long sequences passes 2^31; below that, 64-bit offsets only cost registers.
+
+The tile shape and warp count come from :func:`config`, keyed on the head width, the element
+size, the layout and whether the call is a decode step (a few tokens) or a prefill.
 
 Tested on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``), which runs each program
 as Python: tests keep to a few programs per launch.
@@ -19,6 +30,7 @@ as Python: tests keep to a few programs per launch.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,6 +41,8 @@ from torch.library import triton_op, wrap_triton
 from .._errors import InputError
 from .ops import backward_by_conjugate, setup_context
 
+INT32_LIMIT = 2**31
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (tests)."""
@@ -36,125 +50,146 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def _rotate_head(
-    X,
-    XO,
-    x_off,
-    o_off,
-    first,
-    second,
-    c,
-    s,
-    mask,
-    tail,
-    tail_mask,
-    COPY_TAIL: tl.constexpr,
-):
-    a = tl.load(X + x_off + first, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(X + x_off + second, mask=mask, other=0.0).to(tl.float32)
-    out_a = a * c - b * s
-    out_b = b * c + a * s
-    tl.store(XO + o_off + first, out_a.to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + o_off + second, out_b.to(XO.dtype.element_ty), mask=mask)
+def _rotate_tile(
+    X, XO, x_off, o_off, live, c, s,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
+):  # fmt: skip
+    """Rotate the rows at ``x_off`` (a (tokens, heads, 1) tile of row starts) into ``o_off``.
+
+    ``live`` masks the tile's rows; ``c`` and ``s`` are (tokens, 1, BLOCK_N) float32.
+    """
+    if INTERLEAVED:
+        # The row's 2 * HALF rotary channels in one contiguous load, split into (2j, 2j + 1).
+        r = tl.arange(0, 2 * BLOCK_N)[None, None, :]
+        m = live & (r < 2 * HALF)
+        x = tl.load(X + x_off + r, mask=m, other=0.0).to(tl.float32)
+        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_N, 2)))
+        y = tl.reshape(tl.join(a * c - b * s, b * c + a * s), x.shape)
+        tl.store(XO + o_off + r, y.to(XO.dtype.element_ty), mask=m)
+    else:
+        j = tl.arange(0, BLOCK_N)[None, None, :]
+        m = live & (j < HALF)
+        a = tl.load(X + x_off + j, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(X + x_off + HALF + j, mask=m, other=0.0).to(tl.float32)
+        tl.store(XO + o_off + j, (a * c - b * s).to(XO.dtype.element_ty), mask=m)
+        tl.store(XO + o_off + HALF + j, (b * c + a * s).to(XO.dtype.element_ty), mask=m)
     if COPY_TAIL:
         # Channels past the rotary part pass through; only needed when out is not x.
-        v = tl.load(X + x_off + tail, mask=tail_mask, other=0.0)
-        tl.store(XO + o_off + tail, v, mask=tail_mask)
+        tail = 2 * HALF + tl.arange(0, BLOCK_TAIL)[None, None, :]
+        tm = live & (tail < HEAD_DIM)
+        tl.store(XO + o_off + tail, tl.load(X + x_off + tail, mask=tm, other=0.0), mask=tm)
 
 
 @triton.jit
 def _rope_kernel(
-    Q,
-    K,
-    QO,
-    KO,
-    COS,
-    SIN,
-    POS,
-    OFF,
-    CU,
-    seq_len,
-    n_q_heads,
-    n_k_heads,
-    half,
-    head_dim,
-    q_sb,
-    q_sh,
-    q_st,
-    k_sb,
-    k_sh,
-    k_st,
-    qo_sb,
-    qo_sh,
-    qo_st,
-    ko_sb,
-    ko_sh,
-    ko_st,
-    table_row_stride,
-    table_batch_stride,
-    pos_sb,
-    pos_st,
-    INTERLEAVED: tl.constexpr,
-    CONJ: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    HAS_OFF: tl.constexpr,
-    VARLEN: tl.constexpr,
-    COPY_TAIL: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    Q, K, QO, KO, COS, SIN, POS, OFF, CU,
+    seq_len, n_q_heads, n_k_heads,
+    q_sb, q_sh, q_st, k_sb, k_sh, k_st,
+    qo_sb, qo_sh, qo_st, ko_sb, ko_sh, ko_st,
+    table_row_stride, table_batch_stride, pos_sb, pos_st,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJ: tl.constexpr, HAS_POS: tl.constexpr,
+    HAS_OFF: tl.constexpr, VARLEN: tl.constexpr, COPY_TAIL: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
-):
+):  # fmt: skip
     # Token blocks on grid axis 0, the only one allowed more than 65535 programs.
-    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1)
+    if WIDE:
+        t = t.to(tl.int64)
+        b = b.to(tl.int64)
     if VARLEN:
-        start = tl.load(CU + b).to(tl.int64)
-        length = tl.load(CU + b + 1).to(tl.int64) - start
+        start = tl.load(CU + b)
+        length = tl.load(CU + b + 1) - start
         token = start + t  # row of the packed (total, heads, dim) tensors
         batch = b * 0
     else:
         length = seq_len
         token = t
         batch = b
-    t_mask = t < length
+    t_live = t < length
 
+    # Table rows: int64 always (a position is any int64; the row was checked on the host).
     if HAS_POS:
-        row = tl.load(POS + b * pos_sb + t * pos_st, mask=t_mask, other=0).to(tl.int64)
+        row = tl.load(POS + b * pos_sb + t * pos_st, mask=t_live, other=0).to(tl.int64)
     else:
-        row = t
+        row = t.to(tl.int64)
     if HAS_OFF:
         row += tl.load(OFF + b).to(tl.int64)
-    row += b * table_batch_stride
-
+    row += b.to(tl.int64) * table_batch_stride
     j = tl.arange(0, BLOCK_N)
-    mask = t_mask[:, None] & (j < half)[None, :]
-    table = row[:, None] * table_row_stride + j[None, :]
-    c = tl.load(COS + table, mask=mask, other=1.0)
-    s = tl.load(SIN + table, mask=mask, other=0.0)
+    at = (row[:, None] * table_row_stride + j[None, :])[:, None, :]
+    tm = (t_live[:, None] & (j < HALF)[None, :])[:, None, :]
+    c = tl.load(COS + at, mask=tm, other=1.0)
+    s = tl.load(SIN + at, mask=tm, other=0.0)
     if CONJ:
         s = -s
-    if INTERLEAVED:
-        first = 2 * j[None, :]
-        second = first + 1
-    else:
-        first = j[None, :]
-        second = first + half
-    tail = 2 * half + tl.arange(0, BLOCK_TAIL)[None, :]
-    tail_mask = t_mask[:, None] & (tail < head_dim)
 
-    h0 = tl.program_id(2) * HEADS_PER_PROGRAM
-    for i in range(HEADS_PER_PROGRAM):
-        h = (h0 + i).to(tl.int64)
-        if h < n_q_heads:
-            x_off = (batch * q_sb + h * q_sh + token * q_st)[:, None]
-            o_off = (batch * qo_sb + h * qo_sh + token * qo_st)[:, None]
-            _rotate_head(Q, QO, x_off, o_off, first, second, c, s, mask, tail, tail_mask, COPY_TAIL)
-        elif h < n_q_heads + n_k_heads:
-            hk = h - n_q_heads
-            x_off = (batch * k_sb + hk * k_sh + token * k_st)[:, None]
-            o_off = (batch * ko_sb + hk * ko_sh + token * ko_st)[:, None]
-            _rotate_head(K, KO, x_off, o_off, first, second, c, s, mask, tail, tail_mask, COPY_TAIL)
+    # Head blocks on axis 2: q's first, then k's.
+    q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
+    pid_h = tl.program_id(2)
+    hh = tl.arange(0, BLOCK_H)
+    if pid_h < q_blocks:
+        h = pid_h * BLOCK_H + hh
+        if WIDE:
+            h = h.to(tl.int64)
+        live = (t_live[:, None] & (h < n_q_heads)[None, :])[:, :, None]
+        x_off = (batch * q_sb + token * q_st)[:, None] + (h * q_sh)[None, :]
+        o_off = (batch * qo_sb + token * qo_st)[:, None] + (h * qo_sh)[None, :]
+        _rotate_tile(
+            Q, QO, x_off[:, :, None], o_off[:, :, None], live, c, s,
+            HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
+        )  # fmt: skip
+    else:
+        h = (pid_h - q_blocks) * BLOCK_H + hh
+        if WIDE:
+            h = h.to(tl.int64)
+        live = (t_live[:, None] & (h < n_k_heads)[None, :])[:, :, None]
+        x_off = (batch * k_sb + token * k_st)[:, None] + (h * k_sh)[None, :]
+        o_off = (batch * ko_sb + token * ko_st)[:, None] + (h * ko_sh)[None, :]
+        _rotate_tile(
+            K, KO, x_off[:, :, None], o_off[:, :, None], live, c, s,
+            HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
+        )  # fmt: skip
+
+
+class Config(NamedTuple):
+    """A launch's tile and warps: tokens and heads per program, warps per program."""
+
+    block_t: int
+    block_h: int
+    num_warps: int
+
+
+DECODE_TOKENS = 4
+"""Sequences this short are decode steps (or speculative ones): one tile spans every head."""
+
+
+def config(head_dim: int, elem_size: int, interleaved: bool, tokens: int, heads: int) -> Config:
+    """The tile for one launch, from the head width, the element size in bytes, the layout,
+    the tokens per sequence and the most heads of one side.
+
+    A program moves a tile of about 8 K elements (16 KB in bf16, 32 KB in fp32: enough
+    loads in flight per SM to cover HBM latency with a few resident programs) and each thread
+    holds 16 to 32 elements of each half, which keeps the registers per thread at or under 128
+    with no spills (the sm_90 compile in ``scripts/triton_ptx.py`` reports both). Decode steps
+    take every head of a side in one tile, as the work is a few rows. ``interleaved`` does not
+    change the tile: its rows are loaded whole, as the half layout's are.
+    """
+    del interleaved  # same tile; kept in the key so a tuned table may tell them apart
+    heads_p2 = triton.next_power_of_2(max(heads, 1))
+    if tokens <= DECODE_TOKENS:
+        block_t = triton.next_power_of_2(tokens)
+        block_h = min(heads_p2, max(1, 4096 // (block_t * head_dim)))
+        warps = 4 if block_t * block_h * head_dim >= 2048 else 1
+        return Config(block_t, block_h, warps)
+    target = 8192 if elem_size <= 2 else 4096
+    block_h = min(heads_p2, 8)
+    block_t = max(1, min(triton.next_power_of_2(tokens), target // (block_h * head_dim)))
+    warps = 8 if block_t * block_h * head_dim >= 8192 else 4
+    return Config(block_t, block_h, warps)
 
 
 def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
@@ -162,6 +197,11 @@ def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     if varlen:
         return 0, x.stride(1), x.stride(0)
     return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _extent(x: torch.Tensor) -> int:
+    """One past the farthest element of ``x`` from its first, in elements."""
+    return 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True) if n > 0)
 
 
 def launch(
@@ -180,6 +220,7 @@ def launch(
     max_seqlen: int | None = None,
     table_batch_stride: int = 0,
     copy_tail: bool = True,
+    traceable: bool = True,
 ) -> None:
     """Run the kernel once over q and k (checked by the caller, see posemb.kernels).
 
@@ -195,6 +236,8 @@ def launch(
         cu_seqlens: int ``(B+1,)`` sequence starts for packed tensors, with ``max_seqlen``.
         table_batch_stride: rows to skip per sequence (a table of B blocks of S rows).
         copy_tail: copy the channels past the rotary part (out of place; in place they stay).
+        traceable: launch through ``wrap_triton`` (inside the registered ops, which
+            torch.compile traces); the eager fast path launches the kernel directly.
     """
     varlen = cu_seqlens is not None
     half = cos.shape[-1]
@@ -206,55 +249,50 @@ def launch(
     else:
         batch, seq_len = q.shape[0], q.shape[2]
     n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
-    heads = n_q + n_k
-    if batch == 0 or seq_len == 0 or heads == 0:
+    if batch == 0 or seq_len == 0 or n_q + n_k == 0:
         return
     if interpreting():
         # The interpreter runs programs one by one in Python: few, large programs.
-        block_t, per_program = triton.next_power_of_2(min(seq_len, 256)), heads
+        cfg = Config(triton.next_power_of_2(min(seq_len, 256)),
+                     triton.next_power_of_2(max(n_q, n_k)), 4)  # fmt: skip
     else:
-        block_t, per_program = (4 if seq_len <= 4 else 16), min(heads, 4)
-    grid = (triton.cdiv(seq_len, block_t), batch, triton.cdiv(heads, per_program))
+        cfg = config(head_dim, q.element_size(), interleaved, seq_len, max(n_q, n_k))
+    grid = (
+        triton.cdiv(seq_len, cfg.block_t),
+        batch,
+        triton.cdiv(n_q, cfg.block_h) + triton.cdiv(n_k, cfg.block_h),
+    )
+    wide = max(_extent(t) for t in (q, k, q_out, k_out)) >= INT32_LIMIT
     dummy = cos  # unused pointer arguments still need a tensor
     pos_sb = pos_st = 0
     if positions is not None:
         pos_sb = positions.stride(0) if positions.shape[0] > 1 else 0
         pos_st = positions.stride(1)
-    # wrap_triton lets torch.compile see the kernel inside the registered op.
-    wrap_triton(_rope_kernel)[grid](
-        q,
-        k,
-        q_out,
-        k_out,
-        cos,
-        sin,
+    kernel = wrap_triton(_rope_kernel) if traceable else _rope_kernel
+    kernel[grid](
+        q, k, q_out, k_out, cos, sin,
         positions if positions is not None else dummy,
         offsets if offsets is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
-        seq_len,
-        n_q,
-        n_k,
-        half,
-        head_dim,
-        *_strides(q, varlen),
-        *_strides(k, varlen),
-        *_strides(q_out, varlen),
-        *_strides(k_out, varlen),
-        cos.stride(0),
-        table_batch_stride,
-        pos_sb,
-        pos_st,
+        seq_len, n_q, n_k,
+        *_strides(q, varlen), *_strides(k, varlen),
+        *_strides(q_out, varlen), *_strides(k_out, varlen),
+        cos.stride(0), table_batch_stride, pos_sb, pos_st,
+        HALF=half,
+        HEAD_DIM=head_dim,
         INTERLEAVED=interleaved,
         CONJ=conjugate,
         HAS_POS=positions is not None,
         HAS_OFF=offsets is not None,
         VARLEN=varlen,
         COPY_TAIL=copy_tail and head_dim > 2 * half,
-        HEADS_PER_PROGRAM=per_program,
-        BLOCK_T=block_t,
+        WIDE=wide,
+        BLOCK_T=cfg.block_t,
+        BLOCK_H=cfg.block_h,
         BLOCK_N=triton.next_power_of_2(half),
         BLOCK_TAIL=triton.next_power_of_2(max(head_dim - 2 * half, 1)),
-    )
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
 
 
 def _launch_both(

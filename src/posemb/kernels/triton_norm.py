@@ -1,13 +1,14 @@
 """The Triton kernels of :func:`posemb.kernels.norm_rotate`: QK-norm and RoPE in one pass, forward
 and backward, for GPUs (tested on the CPU through Triton's interpreter).
 
-Each program takes a block of tokens of one sequence and one head, loads each row as its three
-parts (the first and second coordinates of every rotation plane, and the channels past the
-rotary part), sums their squares for the norm, scales, rotates and stores once. The backward
-re-reads the input (nothing else is saved), rotates the incoming gradient by -theta, and forms
-the input's gradient in the same program; a weight's gradient sums over every row, so each
-program writes its own partial sum and one ``sum`` over programs finishes it (a fixed order: no
-atomics, the same result every run).
+The forward is one launch for q and k, tiled as the rotation is (:mod:`posemb.kernels.triton`):
+each program takes a block of tokens by a block of heads by the head's channels, loads the
+whole tile, sums each row's squares over the head width (a compile-time constant, so the
+reduction is unrolled in registers), scales by the weight, rotates and stores once. The
+backward re-reads the input (nothing else is saved), rotates the incoming gradient by -theta,
+and forms the input's gradient in the same program; a weight's gradient sums over every row,
+so each program writes its own partial sum and one ``sum`` over programs finishes it (a fixed
+order: no atomics, the same result every run).
 """
 
 from __future__ import annotations
@@ -20,99 +21,160 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from .triton import interpreting
+from .triton import INT32_LIMIT, Config, _extent, config, interpreting
 
 
 @triton.jit
-def _parts(X, off, first, second, tail, mask, tail_mask):
-    a = tl.load(X + off + first, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(X + off + second, mask=mask, other=0.0).to(tl.float32)
-    t = tl.load(X + off + tail, mask=tail_mask, other=0.0).to(tl.float32)
-    return a, b, t
-
-
-@triton.jit
-def _program(
-    seq_len, half, head_dim,
-    INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_TAIL: tl.constexpr,
-):  # fmt: skip
-    """This program's tokens t, sequence b and head h; the pair index j; the channels of each
-    plane's first and second coordinate and of the tail past the rotary part, with masks."""
-    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    t_mask = t < seq_len
-    j = tl.arange(0, BLOCK_N)
-    mask = t_mask[:, None] & (j < half)[None, :]
+def _row(X, off, live, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
+    """A (tokens, heads, ...) tile of rows as float32 (first coordinates, second coordinates,
+    tail) and each row's sum of squares (tokens, heads)."""
     if INTERLEAVED:
-        first = 2 * j[None, :]
-        second = first + 1
+        r = tl.arange(0, 2 * BLOCK_N)[None, None, :]
+        x = tl.load(X + off + r, mask=live & (r < 2 * HALF), other=0.0).to(tl.float32)
+        ss = tl.sum(x * x, 2)
+        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_N, 2)))
     else:
-        first = j[None, :]
-        second = first + half
-    tail = 2 * half + tl.arange(0, BLOCK_TAIL)[None, :]
-    tail_mask = t_mask[:, None] & (tail < head_dim)
-    return t, b, h, j, mask, first, second, tail, tail_mask
+        j = tl.arange(0, BLOCK_N)[None, None, :]
+        m = live & (j < HALF)
+        a = tl.load(X + off + j, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(X + off + HALF + j, mask=m, other=0.0).to(tl.float32)
+        ss = tl.sum(a * a, 2) + tl.sum(b * b, 2)
+    tail = 2 * HALF + tl.arange(0, BLOCK_TAIL)[None, None, :]
+    t = tl.load(X + off + tail, mask=live & (tail < HEAD_DIM), other=0.0).to(tl.float32)
+    return a, b, t, ss + tl.sum(t * t, 2)
+
+
+@triton.jit
+def _weights(W, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
+    """The weight's parts as (1, 1, ...) float32 rows, matching :func:`_row`."""
+    if INTERLEAVED:
+        r = tl.arange(0, 2 * BLOCK_N)[None, None, :]
+        w = tl.load(W + r, mask=r < 2 * HALF, other=0.0)
+        wa, wb = tl.split(tl.reshape(w, (1, 1, BLOCK_N, 2)))
+    else:
+        j = tl.arange(0, BLOCK_N)[None, None, :]
+        wa = tl.load(W + j, mask=j < HALF, other=0.0)
+        wb = tl.load(W + HALF + j, mask=j < HALF, other=0.0)
+    tail = 2 * HALF + tl.arange(0, BLOCK_TAIL)[None, None, :]
+    wt = tl.load(W + tail, mask=tail < HEAD_DIM, other=0.0)
+    return wa, wb, wt
+
+
+@triton.jit
+def _store_row(
+    XO, off, live, a, b, t,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+):  # fmt: skip
+    """Store a tile given as :func:`_row`'s parts, in XO's dtype."""
+    if INTERLEAVED:
+        r = tl.arange(0, 2 * BLOCK_N)[None, None, :]
+        y = tl.reshape(tl.join(a, b), (a.shape[0], a.shape[1], 2 * BLOCK_N))
+        tl.store(XO + off + r, y.to(XO.dtype.element_ty), mask=live & (r < 2 * HALF))
+    else:
+        j = tl.arange(0, BLOCK_N)[None, None, :]
+        m = live & (j < HALF)
+        tl.store(XO + off + j, a.to(XO.dtype.element_ty), mask=m)
+        tl.store(XO + off + HALF + j, b.to(XO.dtype.element_ty), mask=m)
+    tail = 2 * HALF + tl.arange(0, BLOCK_TAIL)[None, None, :]
+    tl.store(XO + off + tail, t.to(XO.dtype.element_ty), mask=live & (tail < HEAD_DIM))
+
+
+@triton.jit
+def _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride,
+            HALF: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The cos and sin rows of tokens ``t`` of sequence ``b``, as (tokens, 1, BLOCK_N)."""
+    j = tl.arange(0, BLOCK_N)
+    row = t.to(tl.int64) + b.to(tl.int64) * table_batch_stride
+    at = (row[:, None] * table_row_stride + j[None, :])[:, None, :]
+    m = (t_live[:, None] & (j < HALF)[None, :])[:, None, :]
+    return tl.load(COS + at, mask=m, other=1.0), tl.load(SIN + at, mask=m, other=0.0)
+
+
+@triton.jit
+def _norm_rotate_tile(
+    X, XO, W, off, o_off, live, c, s, eps,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+):  # fmt: skip
+    a, b, t, ss = _row(X, off, live, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+    r = (1.0 / tl.sqrt(ss / HEAD_DIM + eps))[:, :, None]
+    wa, wb, wt = _weights(W, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+    a = a * r * wa
+    b = b * r * wb
+    _store_row(XO, o_off, live, a * c - b * s, b * c + a * s, t * r * wt,
+               HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
 
 
 @triton.jit
 def _norm_rotate_kernel(
-    X, XO, W, COS, SIN,
-    seq_len, half, head_dim, eps,
-    x_sb, x_sh, x_st, o_sb, o_sh, o_st,
+    Q, K, QO, KO, QW, KW, COS, SIN,
+    seq_len, n_q_heads, n_k_heads, eps,
+    q_sb, q_sh, q_st, k_sb, k_sh, k_st,
+    qo_sb, qo_sh, qo_st, ko_sb, ko_sh, ko_st,
     table_row_stride, table_batch_stride,
-    INTERLEAVED: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t, b, h, j, mask, first, second, tail, tail_mask = _program(
-        seq_len, half, head_dim, INTERLEAVED, BLOCK_T, BLOCK_N, BLOCK_TAIL
-    )
-    off = (b * x_sb + h * x_sh + t * x_st)[:, None]
-    a, bb, tt = _parts(X, off, first, second, tail, mask, tail_mask)
-    ss = tl.sum(a * a, 1) + tl.sum(bb * bb, 1) + tl.sum(tt * tt, 1)
-    r = (1.0 / tl.sqrt(ss / head_dim + eps))[:, None]
-    wa = tl.load(W + first, mask=(j < half)[None, :], other=0.0)
-    wb = tl.load(W + second, mask=(j < half)[None, :], other=0.0)
-    wt = tl.load(W + tail, mask=tail < head_dim, other=0.0)
-    a = a * r * wa
-    bb = bb * r * wb
-    table = (t + b * table_batch_stride)[:, None] * table_row_stride + j[None, :]
-    c = tl.load(COS + table, mask=mask, other=1.0)
-    s = tl.load(SIN + table, mask=mask, other=0.0)
-    o = (b * o_sb + h * o_sh + t * o_st)[:, None]
-    tl.store(XO + o + first, (a * c - bb * s).to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + o + second, (bb * c + a * s).to(XO.dtype.element_ty), mask=mask)
-    tl.store(XO + o + tail, (tt * r * wt).to(XO.dtype.element_ty), mask=tail_mask)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1)
+    if WIDE:
+        t = t.to(tl.int64)
+        b = b.to(tl.int64)
+    t_live = t < seq_len
+    c, s = _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride, HALF, BLOCK_N)
+    q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
+    pid_h = tl.program_id(2)
+    hh = tl.arange(0, BLOCK_H)
+    if pid_h < q_blocks:
+        h = pid_h * BLOCK_H + hh
+        if WIDE:
+            h = h.to(tl.int64)
+        live = (t_live[:, None] & (h < n_q_heads)[None, :])[:, :, None]
+        off = ((b * q_sb + t * q_st)[:, None] + (h * q_sh)[None, :])[:, :, None]
+        o_off = ((b * qo_sb + t * qo_st)[:, None] + (h * qo_sh)[None, :])[:, :, None]
+        _norm_rotate_tile(Q, QO, QW, off, o_off, live, c, s, eps,
+                          HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
+    else:
+        h = (pid_h - q_blocks) * BLOCK_H + hh
+        if WIDE:
+            h = h.to(tl.int64)
+        live = (t_live[:, None] & (h < n_k_heads)[None, :])[:, :, None]
+        off = ((b * k_sb + t * k_st)[:, None] + (h * k_sh)[None, :])[:, :, None]
+        o_off = ((b * ko_sb + t * ko_st)[:, None] + (h * ko_sh)[None, :])[:, :, None]
+        _norm_rotate_tile(K, KO, KW, off, o_off, live, c, s, eps,
+                          HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
 
 
 @triton.jit
 def _norm_rotate_backward_kernel(
     X, G, DX, W, COS, SIN, DWP,
-    seq_len, n_heads, half, head_dim, eps,
+    seq_len, n_heads, eps,
     x_sb, x_sh, x_st, g_sb, g_sh, g_st, d_sb, d_sh, d_st,
     table_row_stride, table_batch_stride,
-    INTERLEAVED: tl.constexpr,
-    NEED_DX: tl.constexpr,
-    NEED_DW: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
+    NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t, b, h, j, mask, first, second, tail, tail_mask = _program(
-        seq_len, half, head_dim, INTERLEAVED, BLOCK_T, BLOCK_N, BLOCK_TAIL
-    )
-    xa, xb, xt = _parts(X, (b * x_sb + h * x_sh + t * x_st)[:, None], first, second, tail, mask,
-                        tail_mask)  # fmt: skip
-    ga, gb, gt = _parts(G, (b * g_sb + h * g_sh + t * g_st)[:, None], first, second, tail, mask,
-                        tail_mask)  # fmt: skip
-    ss = tl.sum(xa * xa, 1) + tl.sum(xb * xb, 1) + tl.sum(xt * xt, 1)
-    r = (1.0 / tl.sqrt(ss / head_dim + eps))[:, None]
-    table = (t + b * table_batch_stride)[:, None] * table_row_stride + j[None, :]
-    c = tl.load(COS + table, mask=mask, other=1.0)
-    s = tl.load(SIN + table, mask=mask, other=0.0)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1)
+    h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if WIDE:
+        t = t.to(tl.int64)
+        b = b.to(tl.int64)
+        h = h.to(tl.int64)
+    t_live = t < seq_len
+    live = (t_live[:, None] & (h < n_heads)[None, :])[:, :, None]
+    x_off = ((b * x_sb + t * x_st)[:, None] + (h * x_sh)[None, :])[:, :, None]
+    g_off = ((b * g_sb + t * g_st)[:, None] + (h * g_sh)[None, :])[:, :, None]
+    xa, xb, xt, ss = _row(X, x_off, live, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+    ga, gb, gt, _ = _row(G, g_off, live, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+    r = (1.0 / tl.sqrt(ss / HEAD_DIM + eps))[:, :, None]
+    c, s = _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride, HALF, BLOCK_N)
     # The gradient at the normalised row: g rotated by -theta.
     na = ga * c + gb * s
     nb = gb * c - ga * s
@@ -120,45 +182,63 @@ def _norm_rotate_backward_kernel(
     xb = xb * r
     xt = xt * r
     if NEED_DW:
-        p = ((tl.program_id(0) * tl.num_programs(1) + b) * n_heads + h) * head_dim
-        tl.store(DWP + p + first, tl.sum(na * xa, 0)[None, :], mask=(j < half)[None, :])
-        tl.store(DWP + p + second, tl.sum(nb * xb, 0)[None, :], mask=(j < half)[None, :])
-        tl.store(DWP + p + tail, tl.sum(gt * xt, 0)[None, :], mask=tail < head_dim)
+        p = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+        p = (p + tl.program_id(2)).to(tl.int64) * HEAD_DIM
+        da = tl.sum(tl.sum(na * xa, 0), 0)[None, None, :]
+        db = tl.sum(tl.sum(nb * xb, 0), 0)[None, None, :]
+        dt = tl.sum(tl.sum(gt * xt, 0), 0)[None, None, :]
+        everywhere = tl.full((1, 1, 1), 1, tl.int1)
+        _store_row(DWP + p, 0, everywhere, da, db, dt,
+                   HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
     if NEED_DX:
-        wa = tl.load(W + first, mask=(j < half)[None, :], other=0.0)
-        wb = tl.load(W + second, mask=(j < half)[None, :], other=0.0)
-        wt = tl.load(W + tail, mask=tail < head_dim, other=0.0)
+        wa, wb, wt = _weights(W, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
         ha, hb, ht = na * wa, nb * wb, gt * wt
-        m = (tl.sum(ha * xa, 1) + tl.sum(hb * xb, 1) + tl.sum(ht * xt, 1)) / head_dim
-        m = m[:, None]
-        d = (b * d_sb + h * d_sh + t * d_st)[:, None]
-        tl.store(DX + d + first, (r * (ha - xa * m)).to(DX.dtype.element_ty), mask=mask)
-        tl.store(DX + d + second, (r * (hb - xb * m)).to(DX.dtype.element_ty), mask=mask)
-        tl.store(DX + d + tail, (r * (ht - xt * m)).to(DX.dtype.element_ty), mask=tail_mask)
+        m = (tl.sum(ha * xa, 2) + tl.sum(hb * xb, 2) + tl.sum(ht * xt, 2)) / HEAD_DIM
+        m = m[:, :, None]
+        d_off = ((b * d_sb + t * d_st)[:, None] + (h * d_sh)[None, :])[:, :, None]
+        _store_row(DX, d_off, live, r * (ha - xa * m), r * (hb - xb * m), r * (ht - xt * m),
+                   HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
 
 
-def _blocks(x: Tensor, half: int) -> tuple[int, tuple[int, int, int], dict[str, int]]:
-    b, h, s, d = x.shape
-    block_t = triton.next_power_of_2(min(s, 256)) if interpreting() else (4 if s <= 4 else 16)
-    grid = (triton.cdiv(s, block_t), b, h)
+def _shape(x: Tensor, heads: int, half: int, interleaved: bool) -> tuple[Config, dict[str, Any]]:
+    """The tile of a launch over ``x`` ``(B, H, S, D)`` (``heads``: the most heads of one
+    side), and the compile-time sizes."""
+    s, d = x.shape[2], x.shape[3]
+    if interpreting():
+        cfg = Config(triton.next_power_of_2(min(s, 256)), triton.next_power_of_2(heads), 4)
+    else:
+        cfg = config(d, x.element_size(), interleaved, s, heads)
     sizes = {
-        "BLOCK_T": block_t,
+        "HALF": half,
+        "HEAD_DIM": d,
+        "INTERLEAVED": interleaved,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_H": cfg.block_h,
         "BLOCK_N": triton.next_power_of_2(max(half, 1)),
         "BLOCK_TAIL": triton.next_power_of_2(max(d - 2 * half, 1)),
     }
-    return block_t, grid, sizes
+    return cfg, sizes
 
 
-def _forward(x: Tensor, out: Tensor, w: Tensor, cos: Tensor, sin: Tensor, eps: float,
-             interleaved: bool, table_batch_stride: int) -> None:  # fmt: skip
-    if x.numel() == 0:
+def _wide(*tensors: Tensor) -> bool:
+    return max(_extent(t) for t in tensors) >= INT32_LIMIT
+
+
+def _forward(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, qw: Tensor, kw: Tensor,
+             cos: Tensor, sin: Tensor, eps: float, interleaved: bool,
+             table_batch_stride: int) -> None:  # fmt: skip
+    """One launch normalising and rotating q into q_out and k into k_out (may be in place)."""
+    n_q, n_k = q.shape[1], k.shape[1]
+    if q.shape[0] * q.shape[2] == 0 or n_q + n_k == 0:
         return
-    half = cos.shape[-1]
-    _, grid, sizes = _blocks(x, half)
+    cfg, sizes = _shape(q, max(n_q, n_k), cos.shape[-1], interleaved)
+    grid = (triton.cdiv(q.shape[2], cfg.block_t), q.shape[0],
+            triton.cdiv(n_q, cfg.block_h) + triton.cdiv(n_k, cfg.block_h))  # fmt: skip
     wrap_triton(_norm_rotate_kernel)[grid](
-        x, out, w, cos, sin, x.shape[2], half, x.shape[3], eps,
-        *x.stride()[:3], *out.stride()[:3], cos.stride(0), table_batch_stride,
-        INTERLEAVED=interleaved, **sizes,
+        q, k, q_out, k_out, qw, kw, cos, sin, q.shape[2], n_q, n_k, eps,
+        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
+        cos.stride(0), table_batch_stride,
+        WIDE=_wide(q, k, q_out, k_out), num_warps=cfg.num_warps, **sizes,
     )  # fmt: skip
 
 
@@ -170,8 +250,8 @@ def norm_rotate_triton_op(
     """QK-norm and rotation out of place: cos and sin float32 ``(rows, r/2)``, weights float32
     ``(head_dim,)`` with any offset applied (checked by the caller)."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _forward(q, q_out, q_weight, cos, sin, eps, interleaved, table_batch_stride)
-    _forward(k, k_out, k_weight, cos, sin, eps, interleaved, table_batch_stride)
+    _forward(q, k, q_out, k_out, q_weight, k_weight, cos, sin, eps, interleaved,
+             table_batch_stride)  # fmt: skip
     return q_out, k_out
 
 
@@ -181,8 +261,7 @@ def norm_rotate_triton_op_(
     eps: float, interleaved: bool, table_batch_stride: int,
 ) -> None:  # fmt: skip
     """The same in q's and k's own memory (inference)."""
-    _forward(q, q, q_weight, cos, sin, eps, interleaved, table_batch_stride)
-    _forward(k, k, k_weight, cos, sin, eps, interleaved, table_batch_stride)
+    _forward(q, k, q, k, q_weight, k_weight, cos, sin, eps, interleaved, table_batch_stride)
 
 
 def _backward_side(
@@ -193,16 +272,17 @@ def _backward_side(
     dw = torch.zeros_like(w) if need_w else w.new_empty(0)
     if x.numel() == 0 or not (need_x or need_w):
         return dx, dw
-    half = cos.shape[-1]
-    _, grid, sizes = _blocks(x, half)
+    cfg, sizes = _shape(x, x.shape[1], cos.shape[-1], interleaved)
+    grid = (triton.cdiv(x.shape[2], cfg.block_t), x.shape[0], triton.cdiv(x.shape[1], cfg.block_h))
     programs = grid[0] * grid[1] * grid[2]
     partial = torch.empty(programs, x.shape[3], device=x.device, dtype=torch.float32)
     wrap_triton(_norm_rotate_backward_kernel)[grid](
         x, g, dx if need_x else x, w, cos, sin, partial,
-        x.shape[2], x.shape[1], half, x.shape[3], eps,
+        x.shape[2], x.shape[1], eps,
         *x.stride()[:3], *g.stride()[:3], *(dx.stride()[:3] if need_x else (0, 0, 0)),
         cos.stride(0), table_batch_stride,
-        INTERLEAVED=interleaved, NEED_DX=need_x, NEED_DW=need_w, **sizes,
+        NEED_DX=need_x, NEED_DW=need_w, WIDE=_wide(x, g, dx if need_x else x),
+        num_warps=cfg.num_warps, **sizes,
     )  # fmt: skip
     if need_w:
         dw = partial.sum(0)
