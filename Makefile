@@ -68,6 +68,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	trap 'kill $$mypy 2>/dev/null' INT TERM; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
 	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests ? tests : types ))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU check: every test file with a CUDA or Triton parametrization, the four benches
-# and a 60-second `posemb lab --preset gpu` smoke, each step under its own time limit, the
+# and a 50-second `posemb lab --preset gpu` smoke, each step under its own time limit, the
 # whole under 6 minutes on one H200. It writes two files to $OUT (or ./gpu-results): one
 # archive of everything the steps wrote, and summary.txt (each step's exit code and time,
 # the tests' pass/fail counts and the benches' headline ratios), printed last. A step that
@@ -32,15 +32,16 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 TESTS=(tests/test_kernels.py tests/test_kernels_norm.py tests/test_kernels_fast.py
        tests/test_rope.py tests/test_bias.py tests/test_mrope.py tests/test_compile.py
        tests/test_hf_patch.py tests/test_hf_extension.py tests/test_hf_fused_norm.py
-       tests/test_lab_memory.py tests/test_devices.py tests/test_gpu.py)
+       tests/test_lab_memory.py tests/test_devices.py tests/test_gpu.py tests/test_fuzz.py)
 
 FAILED=0
+LIMITS=0
 # step NAME SECONDS COMMAND...: run it (its output to $WORK/NAME.txt), or in a dry run check it.
 step() {
     local name=$1 limit=$2
     shift 2
     if [ "$DRY" = 1 ]; then
-        check "$name" "$@" || FAILED=1
+        check "$name" "$limit" "$@" || FAILED=1
         return
     fi
     local t0=$SECONDS rc=0
@@ -53,9 +54,19 @@ step() {
 # A dry run's check of one step: the files it names exist, and posemb's arguments parse (all
 # posemb steps at the end, in one Python: importing posemb takes seconds each time).
 check() {
-    local name=$1
-    shift
+    local name=$1 limit=$2
+    shift 2
     local arg ok=0
+    case "$limit" in
+        '' | *[!0-9]*) echo "$name: time limit '$limit' is not a number of seconds" >&2; ok=1 ;;
+    esac
+    LIMITS=$((LIMITS + ${limit//[!0-9]/0}))
+    # Every step is "$PY -m posemb ..." or "$PY -m pytest ...": what this check can read.
+    if [ "${1:-}" != "$PY" ] || [ "${2:-}" != "-m" ] || { [ "${3:-}" != posemb ] &&
+        [ "${3:-}" != pytest ]; }; then
+        echo "$name: '$*' is not \$PY -m posemb or \$PY -m pytest" >&2
+        return 1
+    fi
     for arg in "$@"; do
         case "$arg" in
             tests/*.py | benchmarks/*)
@@ -70,7 +81,16 @@ check() {
     elif [ "${2:-}" = "-m" ] && [ "${3:-}" = "pytest" ]; then
         local files=()
         for arg in "$@"; do case "$arg" in tests/*.py) files+=("$arg") ;; esac; done
-        "$PY" -c 'import pytest' && "$PY" -m py_compile "${files[@]}" || ok=1
+        "$PY" -m py_compile "${files[@]}" || ok=1
+        # The flags (not the files: collecting them imports every library, ~20 s) through
+        # pytest's own parser, on a file that collects nothing.
+        local flags=()
+        for arg in "${@:4}"; do case "$arg" in tests/*.py) ;; *) flags+=("$arg") ;; esac; done
+        printf '' > "$WORK/test_nothing.py"
+        "$PY" -m pytest --co -q -p no:cacheprovider "${flags[@]}" --rootdir "$WORK" \
+            -c /dev/null "$WORK/test_nothing.py" > "$WORK/flags.txt" 2>&1
+        [ $? -le 5 ] && ! grep -q "error: unrecognized arguments" "$WORK/flags.txt" ||
+            { echo "$name: pytest flags do not parse: $(grep -m1 -i error "$WORK/flags.txt")" >&2; ok=1; }
     fi
     [ "$ok" = 0 ] && echo "ok   $name"
     return "$ok"
@@ -129,11 +149,15 @@ step bench-decode 40 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
 # 5. QK-norm + RoPE at prefill shapes.
 step bench-norm 25 "$PY" -m posemb bench --norm --device cuda --out "$WORK/bench-norm.csv"
 # 6. The lab's GPU preset, cut to a smoke: a few steps of two variants, loss only.
-step lab 60 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
+step lab 50 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
     --out "$WORK/lab"
 
 if [ "$DRY" = 1 ]; then
     parse_recorded || FAILED=1
+    if [ "$LIMITS" -gt 360 ]; then
+        echo "the steps' limits add up to $LIMITS s, over the 6 minutes promised" >&2
+        FAILED=1
+    fi
     "$PY" benchmarks/gpu_summary.py --check || FAILED=1
     if [ "$FAILED" = 0 ]; then echo "gpu.sh --dry-run: every step parses"; fi
     exit "$FAILED"

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -43,6 +45,33 @@ def test_the_dry_run_fails_on_a_missing_test_file_or_a_wrong_flag(tmp_path):
     assert done.returncode != 0
     assert "tests: no file tests/test_bias.py" in done.stderr
     assert "bench-decode: posemb" in done.stderr and "does not parse" in done.stderr
+    assert "every step parses" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            '-p no:cacheprovider "${XDIST',
+            '--maxfial 3 -p no:cacheprovider "${XDIST',
+            "tests: pytest flags do not parse",
+        ),
+        ("step bench-norm 25", "step bench-norm abc", "bench-norm: time limit 'abc' is not"),
+        ('step lab 50 "$PY"', 'step lab 50 timeot "$PY"', "lab: 'timeot"),
+        ("step tests 150", "step tests 250", "limits add up to 455 s"),
+    ],
+    ids=["pytest-flag", "limit", "command", "six-minutes"],
+)
+def test_the_dry_run_fails_on_each_kind_of_mistake(tmp_path, old, new, said):
+    copy = tmp_path / "repo"
+    (copy / "benchmarks").mkdir(parents=True)
+    shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "benchmarks" / "gpu_summary.py", copy / "benchmarks")
+    script = (ROOT / "benchmarks" / "gpu.sh").read_text()
+    assert old in script
+    (copy / "benchmarks" / "gpu.sh").write_text(script.replace(old, new))
+    done = _dry_run(copy)
+    assert done.returncode != 0 and said in done.stderr, done.stderr
     assert "every step parses" not in done.stdout
 
 

@@ -526,8 +526,8 @@ def test_tables_through_fused_kernels_forward_and_backward(backend, dtype, case,
 
     qf, kf = q.clone().requires_grad_(), k.clone().requires_grad_()
     gq, gk = (
-        torch.randn(q.shape, generator=g).to(dtype),
-        torch.randn(k.shape, generator=g).to(dtype),
+        torch.randn(q.shape, generator=g).to(device, dtype),
+        torch.randn(k.shape, generator=g).to(device, dtype),
     )
     torch.autograd.backward(kernels.rotate(qf, kf, cos, sin, backend=backend), (gq, gk))
     qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
