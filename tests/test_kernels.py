@@ -535,3 +535,52 @@ def test_a_view_spanning_2_to_the_31_elements_takes_64_bit_offsets(layout, inpla
     assert (got_q.data_ptr() == q.data_ptr()) == inplace
     assert_close(got_q, want_q, torch.float16)
     assert_close(got_k, want_k, torch.float16)
+
+
+def test_the_triton_decode_path_reuses_a_plan_only_for_its_own_signature(monkeypatch):
+    """triton_path.eager (what a remembered CUDA call runs) keeps the last launch's plan for
+    its signature: a call of another shape, strides or layout plans afresh, and each result
+    is the reference's."""
+    from posemb.kernels import triton as tr
+    from posemb.kernels import triton_path
+
+    triton_path.forget()
+    device = device_of("triton")
+    planned = []
+    real = tr.plan
+    monkeypatch.setattr(tr, "plan", lambda *a, **kw: planned.append(1) or real(*a, **kw))
+    calls = [
+        ((2, 4, 1, 32), 2, "half"),
+        ((2, 4, 1, 32), 2, "half"),  # the same signature: the plan is reused
+        ((3, 4, 1, 32), 2, "half"),  # another batch
+        ((3, 4, 1, 32), 2, "interleaved"),  # another layout
+        ((3, 4, 1, 32), 2, "interleaved"),
+    ]
+    for i, (shape, kv, layout) in enumerate(calls):
+        q, k = make(shape, kv, torch.bfloat16, device, seed=i)
+        cos, sin = tables(torch.randint(0, 1000, (shape[0], 1)).to(device), 32, device)
+        lay = Layout(layout)
+        sig = triton_path.signature(q, k, cos, sin, lay)
+        got_q, got_k = triton_path.eager(q, k, cos, sin, lay, sig)
+        assert_close(got_q, reference.rotate(q, cos, sin, lay), torch.bfloat16)
+        assert_close(got_k, reference.rotate(k, cos, sin, lay), torch.bfloat16)
+    assert len(planned) == 3
+    triton_path.forget()
+
+
+@pytest.mark.parametrize("table_dtype", [torch.bfloat16, torch.float32, F64])
+def test_triton_reads_tables_in_their_own_dtype_and_strides(table_dtype):
+    """transformers hands (B, S, r) tables in the model's dtype, cut to their first half (a
+    strided view): the kernel reads them as they are, each value as float32, and rotates as
+    the reference does with the float32 tables (no cast or copy made per call)."""
+    device = device_of("triton")
+    q, k = make((2, 4, 5, 64), 2, torch.bfloat16, device, seed=4)
+    pos = torch.randint(0, 4000, (2, 5), generator=torch.Generator().manual_seed(2)).to(device)
+    cos, sin = tables(pos, 64, device)
+    full = (torch.cat([cos, cos], -1).to(table_dtype), torch.cat([sin, sin], -1).to(table_dtype))
+    cut = tuple(t[..., :32] for t in full)  # what the fused patch passes: stride 64 per row
+    assert cut[0].stride() == (5 * 64, 64, 1)
+    got_q, got_k = kernels.rotate(q, k, *cut, backend="triton")
+    c, s = (t.float() for t in cut)
+    assert_close(got_q, reference.rotate(q, c, s, "half"), torch.bfloat16)
+    assert_close(got_k, reference.rotate(k, c, s, "half"), torch.bfloat16)

@@ -316,3 +316,18 @@ def test_a_view_spanning_2_to_the_31_elements_takes_64_bit_offsets():
                          Layout.HALF)[0]  # fmt: skip
     (want_grad,) = torch.autograd.grad(out.sum(), qd)
     assert_close(grad, want_grad.to(device), torch.float16)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen-w", "gemma-1+w"])
+def test_triton_reads_weights_and_tables_in_the_models_dtype(offset):
+    """A bf16 model hands bf16 norm weights and (cut, strided) bf16 tables: the kernel reads
+    them as they are, adds the offset in float32, and matches the definition on the same
+    values."""
+    device = device_of("triton")
+    q, k, cos, sin, qw, kw = _inputs(((2, 4, 5, 64), 2, 64), torch.bfloat16, device, True)
+    qw, kw = qw.bfloat16(), kw.bfloat16()
+    cut = tuple(torch.cat([t, t], -1).bfloat16()[..., :32] for t in (cos, sin))
+    got = kernels.norm_rotate(q, k, *cut, qw, kw, 1e-6, offset, backend="triton")
+    want = _want(q, k, *cut, qw, kw, 1e-6, offset, Layout.HALF)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w.to(device), torch.bfloat16)

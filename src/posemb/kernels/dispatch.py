@@ -274,7 +274,7 @@ def rotate(
         elif _triton_path.plain(q, k):
             signature = _triton_path.signature(q, k, cos, sin, layout)
             if _triton_path.known(signature):
-                return _triton_path.eager(q, k, cos, sin, as_layout(layout))
+                return _triton_path.eager(q, k, cos, sin, as_layout(layout), signature)
     q, k = check_pair(q, k, varlen=False)
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")

@@ -132,6 +132,10 @@ def norm_rotate(
         if inplace:
             return q.copy_(q_out), k.copy_(k_out)
         return q_out, k_out
+    if which == "triton" and not inplace and eager_ok(q, k, qw, kw):
+        from .triton_norm import eager
+
+        return eager(q, k, cos, sin, qw, kw, eps_, offset, lay is Layout.INTERLEAVED)
     c = _table(cos, which)
     s = _table(sin, which)
     # The offset is added here, in float32, so autograd carries the weights' gradient through.
@@ -148,6 +152,15 @@ def norm_rotate(
     from .triton_norm import norm_rotate_triton
 
     return norm_rotate_triton(q, k, c, s, wq, wk, eps_, interleaved, inplace)
+
+
+def eager_ok(q: Tensor, k: Tensor, qw: Tensor, kw: Tensor) -> bool:
+    """Nothing traces these tensors and no gradient is wanted of them or the weights: the
+    registered op (its dispatcher, autograd wrapper and weight casts) can be skipped."""
+    from .dispatch import needs_grad
+    from .ops import plain_eager
+
+    return plain_eager(q, k) and not _checks.tracing() and not needs_grad(qw, kw)
 
 
 def _table(t: Tensor, which: str) -> Tensor:

@@ -44,6 +44,16 @@ from .ops import backward_by_conjugate, setup_context
 INT32_LIMIT = 2**31
 
 
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1). Plain Python: triton's own helpers are
+    constexpr functions, ~4 us a call on the host, and a launch used seven."""
+    return 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (tests)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -122,8 +132,8 @@ def _rope_kernel(
     j = tl.arange(0, BLOCK_N)
     at = (row[:, None] * table_row_stride + j[None, :])[:, None, :]
     tm = (t_live[:, None] & (j < HALF)[None, :])[:, None, :]
-    c = tl.load(COS + at, mask=tm, other=1.0)
-    s = tl.load(SIN + at, mask=tm, other=0.0)
+    c = tl.load(COS + at, mask=tm, other=1.0).to(tl.float32)
+    s = tl.load(SIN + at, mask=tm, other=0.0).to(tl.float32)
     if CONJ:
         s = -s
 
@@ -179,15 +189,15 @@ def config(head_dim: int, elem_size: int, interleaved: bool, tokens: int, heads:
     change the tile: its rows are loaded whole, as the half layout's are.
     """
     del interleaved  # same tile; kept in the key so a tuned table may tell them apart
-    heads_p2 = triton.next_power_of_2(max(heads, 1))
+    heads_p2 = _pow2(max(heads, 1))
     if tokens <= DECODE_TOKENS:
-        block_t = triton.next_power_of_2(tokens)
+        block_t = _pow2(tokens)
         block_h = min(heads_p2, max(1, 4096 // (block_t * head_dim)))
         warps = 4 if block_t * block_h * head_dim >= 2048 else 1
         return Config(block_t, block_h, warps)
     target = 8192 if elem_size <= 2 else 4096
     block_h = min(heads_p2, 8)
-    block_t = max(1, min(triton.next_power_of_2(tokens), target // (block_h * head_dim)))
+    block_t = max(1, min(_pow2(tokens), target // (block_h * head_dim)))
     warps = 8 if block_t * block_h * head_dim >= 8192 else 4
     return Config(block_t, block_h, warps)
 
@@ -201,7 +211,110 @@ def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
 
 def _extent(x: torch.Tensor) -> int:
     """One past the farthest element of ``x`` from its first, in elements."""
-    return 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True) if n > 0)
+    if x.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+
+
+class Plan(NamedTuple):
+    """What a launch needs besides its tensors: the grid, the integer arguments (sizes and
+    strides) and the compile-time ones. A function of the tensors' shapes, strides and dtypes
+    and the flags only, so a decode step can reuse the last one (:mod:`.triton_path`)."""
+
+    grid: tuple[int, int, int]
+    ints: tuple[int, ...]
+    consts: dict[str, object]
+
+
+def plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    cos: torch.Tensor,
+    *,
+    interleaved: bool,
+    conjugate: bool,
+    positions: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+    table_batch_stride: int = 0,
+    copy_tail: bool = True,
+) -> Plan | None:
+    """The :class:`Plan` of a launch over these tensors (see :func:`launch`), or None where
+    there is nothing to rotate."""
+    varlen = cu_seqlens is not None
+    half = cos.shape[-1]
+    head_dim = q.shape[-1]
+    if cu_seqlens is not None:
+        if max_seqlen is None:
+            raise InputError("max_seqlen is required with cu_seqlens")
+        batch, seq_len = cu_seqlens.shape[0] - 1, int(max_seqlen)
+    else:
+        batch, seq_len = q.shape[0], q.shape[2]
+    n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
+    if batch == 0 or seq_len == 0 or n_q + n_k == 0:
+        return None
+    if interpreting():
+        # The interpreter runs programs one by one in Python: few, large programs.
+        cfg = Config(_pow2(min(seq_len, 256)), _pow2(max(n_q, n_k)), 4)
+    else:
+        cfg = config(head_dim, q.element_size(), interleaved, seq_len, max(n_q, n_k))
+    grid = (_cdiv(seq_len, cfg.block_t), batch, _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h))
+    pos_sb = pos_st = 0
+    if positions is not None:
+        pos_sb = positions.stride(0) if positions.shape[0] > 1 else 0
+        pos_st = positions.stride(1)
+    ints = (
+        seq_len, n_q, n_k,
+        *_strides(q, varlen), *_strides(k, varlen),
+        *_strides(q_out, varlen), *_strides(k_out, varlen),
+        cos.stride(0), table_batch_stride, pos_sb, pos_st,
+    )  # fmt: skip
+    consts: dict[str, object] = {
+        "HALF": half,
+        "HEAD_DIM": head_dim,
+        "INTERLEAVED": interleaved,
+        "CONJ": conjugate,
+        "HAS_POS": positions is not None,
+        "HAS_OFF": offsets is not None,
+        "VARLEN": varlen,
+        "COPY_TAIL": copy_tail and head_dim > 2 * half,
+        "WIDE": max(_extent(t) for t in (q, k, q_out, k_out)) >= INT32_LIMIT,
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_H": cfg.block_h,
+        "BLOCK_N": _pow2(half),
+        "BLOCK_TAIL": _pow2(max(head_dim - 2 * half, 1)),
+        "num_warps": cfg.num_warps,
+    }
+    return Plan(grid, ints, consts)
+
+
+def run(
+    p: Plan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    traceable: bool = True,
+) -> None:
+    """Launch the kernel by plan ``p`` (made by :func:`plan` for tensors of these shapes,
+    strides and dtypes)."""
+    dummy = cos  # unused pointer arguments still need a tensor
+    kernel = wrap_triton(_rope_kernel) if traceable else _rope_kernel
+    kernel[p.grid](
+        q, k, q_out, k_out, cos, sin,
+        positions if positions is not None else dummy,
+        offsets if offsets is not None else dummy,
+        cu_seqlens if cu_seqlens is not None else dummy,
+        *p.ints, **p.consts,
+    )  # fmt: skip
 
 
 def launch(
@@ -228,7 +341,8 @@ def launch(
         q, k: ``(B, Hq, S, D)`` / ``(B, Hk, S, D)``, or packed ``(total, H, D)`` with
             ``cu_seqlens``; unit stride in D.
         q_out, k_out: outputs shaped like q and k (may be q and k: in place).
-        cos, sin: float32 tables ``(rows, D_r/2)`` with unit stride in the last dimension.
+        cos, sin: tables ``(rows, D_r/2)`` of any float dtype (read as float32), with unit
+            stride in the last dimension and one row stride for both.
         interleaved: pair (2j, 2j+1) instead of (j, j + r/2).
         conjugate: rotate by -theta (backward).
         positions: int ``(1 or B, S)`` table rows, or None for the token index.
@@ -239,60 +353,13 @@ def launch(
         traceable: launch through ``wrap_triton`` (inside the registered ops, which
             torch.compile traces); the eager fast path launches the kernel directly.
     """
-    varlen = cu_seqlens is not None
-    half = cos.shape[-1]
-    head_dim = q.shape[-1]
-    if cu_seqlens is not None:
-        if max_seqlen is None:
-            raise InputError("max_seqlen is required with cu_seqlens")
-        batch, seq_len = cu_seqlens.shape[0] - 1, int(max_seqlen)
-    else:
-        batch, seq_len = q.shape[0], q.shape[2]
-    n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
-    if batch == 0 or seq_len == 0 or n_q + n_k == 0:
-        return
-    if interpreting():
-        # The interpreter runs programs one by one in Python: few, large programs.
-        cfg = Config(triton.next_power_of_2(min(seq_len, 256)),
-                     triton.next_power_of_2(max(n_q, n_k)), 4)  # fmt: skip
-    else:
-        cfg = config(head_dim, q.element_size(), interleaved, seq_len, max(n_q, n_k))
-    grid = (
-        triton.cdiv(seq_len, cfg.block_t),
-        batch,
-        triton.cdiv(n_q, cfg.block_h) + triton.cdiv(n_k, cfg.block_h),
-    )
-    wide = max(_extent(t) for t in (q, k, q_out, k_out)) >= INT32_LIMIT
-    dummy = cos  # unused pointer arguments still need a tensor
-    pos_sb = pos_st = 0
-    if positions is not None:
-        pos_sb = positions.stride(0) if positions.shape[0] > 1 else 0
-        pos_st = positions.stride(1)
-    kernel = wrap_triton(_rope_kernel) if traceable else _rope_kernel
-    kernel[grid](
-        q, k, q_out, k_out, cos, sin,
-        positions if positions is not None else dummy,
-        offsets if offsets is not None else dummy,
-        cu_seqlens if cu_seqlens is not None else dummy,
-        seq_len, n_q, n_k,
-        *_strides(q, varlen), *_strides(k, varlen),
-        *_strides(q_out, varlen), *_strides(k_out, varlen),
-        cos.stride(0), table_batch_stride, pos_sb, pos_st,
-        HALF=half,
-        HEAD_DIM=head_dim,
-        INTERLEAVED=interleaved,
-        CONJ=conjugate,
-        HAS_POS=positions is not None,
-        HAS_OFF=offsets is not None,
-        VARLEN=varlen,
-        COPY_TAIL=copy_tail and head_dim > 2 * half,
-        WIDE=wide,
-        BLOCK_T=cfg.block_t,
-        BLOCK_H=cfg.block_h,
-        BLOCK_N=triton.next_power_of_2(half),
-        BLOCK_TAIL=triton.next_power_of_2(max(head_dim - 2 * half, 1)),
-        num_warps=cfg.num_warps,
+    p = plan(
+        q, k, q_out, k_out, cos, interleaved=interleaved, conjugate=conjugate,
+        positions=positions, offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+        table_batch_stride=table_batch_stride, copy_tail=copy_tail,
     )  # fmt: skip
+    if p is not None:
+        run(p, q, k, q_out, k_out, cos, sin, positions, offsets, cu_seqlens, traceable)
 
 
 def _launch_both(

@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from .triton import INT32_LIMIT, Config, _extent, config, interpreting
+from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config, interpreting
 
 
 @triton.jit
@@ -46,19 +46,20 @@ def _row(X, off, live, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _weights(W, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+def _weights(W, w_offset, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
-    """The weight's parts as (1, 1, ...) float32 rows, matching :func:`_row`."""
+    """The weight's parts plus ``w_offset`` as (1, 1, ...) float32 rows, matching
+    :func:`_row` (the weight in its own dtype, converted as loaded)."""
     if INTERLEAVED:
         r = tl.arange(0, 2 * BLOCK_N)[None, None, :]
-        w = tl.load(W + r, mask=r < 2 * HALF, other=0.0)
+        w = tl.load(W + r, mask=r < 2 * HALF, other=0.0).to(tl.float32) + w_offset
         wa, wb = tl.split(tl.reshape(w, (1, 1, BLOCK_N, 2)))
     else:
         j = tl.arange(0, BLOCK_N)[None, None, :]
-        wa = tl.load(W + j, mask=j < HALF, other=0.0)
-        wb = tl.load(W + HALF + j, mask=j < HALF, other=0.0)
+        wa = tl.load(W + j, mask=j < HALF, other=0.0).to(tl.float32) + w_offset
+        wb = tl.load(W + HALF + j, mask=j < HALF, other=0.0).to(tl.float32) + w_offset
     tail = 2 * HALF + tl.arange(0, BLOCK_TAIL)[None, None, :]
-    wt = tl.load(W + tail, mask=tail < HEAD_DIM, other=0.0)
+    wt = tl.load(W + tail, mask=tail < HEAD_DIM, other=0.0).to(tl.float32) + w_offset
     return wa, wb, wt
 
 
@@ -90,18 +91,19 @@ def _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride,
     row = t.to(tl.int64) + b.to(tl.int64) * table_batch_stride
     at = (row[:, None] * table_row_stride + j[None, :])[:, None, :]
     m = (t_live[:, None] & (j < HALF)[None, :])[:, None, :]
-    return tl.load(COS + at, mask=m, other=1.0), tl.load(SIN + at, mask=m, other=0.0)
+    c = tl.load(COS + at, mask=m, other=1.0).to(tl.float32)
+    return c, tl.load(SIN + at, mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _norm_rotate_tile(
-    X, XO, W, off, o_off, live, c, s, eps,
+    X, XO, W, w_offset, off, o_off, live, c, s, eps,
     HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     a, b, t, ss = _row(X, off, live, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
     r = (1.0 / tl.sqrt(ss / HEAD_DIM + eps))[:, :, None]
-    wa, wb, wt = _weights(W, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+    wa, wb, wt = _weights(W, w_offset, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
     a = a * r * wa
     b = b * r * wb
     _store_row(XO, o_off, live, a * c - b * s, b * c + a * s, t * r * wt,
@@ -111,7 +113,7 @@ def _norm_rotate_tile(
 @triton.jit
 def _norm_rotate_kernel(
     Q, K, QO, KO, QW, KW, COS, SIN,
-    seq_len, n_q_heads, n_k_heads, eps,
+    seq_len, n_q_heads, n_k_heads, eps, w_offset,
     q_sb, q_sh, q_st, k_sb, k_sh, k_st,
     qo_sb, qo_sh, qo_st, ko_sb, ko_sh, ko_st,
     table_row_stride, table_batch_stride,
@@ -136,7 +138,7 @@ def _norm_rotate_kernel(
         live = (t_live[:, None] & (h < n_q_heads)[None, :])[:, :, None]
         off = ((b * q_sb + t * q_st)[:, None] + (h * q_sh)[None, :])[:, :, None]
         o_off = ((b * qo_sb + t * qo_st)[:, None] + (h * qo_sh)[None, :])[:, :, None]
-        _norm_rotate_tile(Q, QO, QW, off, o_off, live, c, s, eps,
+        _norm_rotate_tile(Q, QO, QW, w_offset, off, o_off, live, c, s, eps,
                           HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
     else:
         h = (pid_h - q_blocks) * BLOCK_H + hh
@@ -145,7 +147,7 @@ def _norm_rotate_kernel(
         live = (t_live[:, None] & (h < n_k_heads)[None, :])[:, :, None]
         off = ((b * k_sb + t * k_st)[:, None] + (h * k_sh)[None, :])[:, :, None]
         o_off = ((b * ko_sb + t * ko_st)[:, None] + (h * ko_sh)[None, :])[:, :, None]
-        _norm_rotate_tile(K, KO, KW, off, o_off, live, c, s, eps,
+        _norm_rotate_tile(K, KO, KW, w_offset, off, o_off, live, c, s, eps,
                           HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
 
 
@@ -191,7 +193,7 @@ def _norm_rotate_backward_kernel(
         _store_row(DWP + p, 0, everywhere, da, db, dt,
                    HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)  # fmt: skip
     if NEED_DX:
-        wa, wb, wt = _weights(W, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
+        wa, wb, wt = _weights(W, 0.0, HALF, HEAD_DIM, BLOCK_N, BLOCK_TAIL, INTERLEAVED)
         ha, hb, ht = na * wa, nb * wb, gt * wt
         m = (tl.sum(ha * xa, 2) + tl.sum(hb * xb, 2) + tl.sum(ht * xt, 2)) / HEAD_DIM
         m = m[:, :, None]
@@ -205,7 +207,7 @@ def _shape(x: Tensor, heads: int, half: int, interleaved: bool) -> tuple[Config,
     side), and the compile-time sizes."""
     s, d = x.shape[2], x.shape[3]
     if interpreting():
-        cfg = Config(triton.next_power_of_2(min(s, 256)), triton.next_power_of_2(heads), 4)
+        cfg = Config(_pow2(min(s, 256)), _pow2(heads), 4)
     else:
         cfg = config(d, x.element_size(), interleaved, s, heads)
     sizes = {
@@ -214,8 +216,8 @@ def _shape(x: Tensor, heads: int, half: int, interleaved: bool) -> tuple[Config,
         "INTERLEAVED": interleaved,
         "BLOCK_T": cfg.block_t,
         "BLOCK_H": cfg.block_h,
-        "BLOCK_N": triton.next_power_of_2(max(half, 1)),
-        "BLOCK_TAIL": triton.next_power_of_2(max(d - 2 * half, 1)),
+        "BLOCK_N": _pow2(max(half, 1)),
+        "BLOCK_TAIL": _pow2(max(d - 2 * half, 1)),
     }
     return cfg, sizes
 
@@ -226,16 +228,20 @@ def _wide(*tensors: Tensor) -> bool:
 
 def _forward(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, qw: Tensor, kw: Tensor,
              cos: Tensor, sin: Tensor, eps: float, interleaved: bool,
-             table_batch_stride: int) -> None:  # fmt: skip
-    """One launch normalising and rotating q into q_out and k into k_out (may be in place)."""
+             table_batch_stride: int, w_offset: float = 0.0,
+             traceable: bool = True) -> None:  # fmt: skip
+    """One launch normalising and rotating q into q_out and k into k_out (may be in place);
+    each weight is read plus ``w_offset``. ``traceable=False`` launches directly (eager
+    inference), not through ``wrap_triton``."""
     n_q, n_k = q.shape[1], k.shape[1]
     if q.shape[0] * q.shape[2] == 0 or n_q + n_k == 0:
         return
     cfg, sizes = _shape(q, max(n_q, n_k), cos.shape[-1], interleaved)
-    grid = (triton.cdiv(q.shape[2], cfg.block_t), q.shape[0],
-            triton.cdiv(n_q, cfg.block_h) + triton.cdiv(n_k, cfg.block_h))  # fmt: skip
-    wrap_triton(_norm_rotate_kernel)[grid](
-        q, k, q_out, k_out, qw, kw, cos, sin, q.shape[2], n_q, n_k, eps,
+    grid = (_cdiv(q.shape[2], cfg.block_t), q.shape[0],
+            _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h))  # fmt: skip
+    kernel = wrap_triton(_norm_rotate_kernel) if traceable else _norm_rotate_kernel
+    kernel[grid](
+        q, k, q_out, k_out, qw, kw, cos, sin, q.shape[2], n_q, n_k, eps, w_offset,
         *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
         cos.stride(0), table_batch_stride,
         WIDE=_wide(q, k, q_out, k_out), num_warps=cfg.num_warps, **sizes,
@@ -273,7 +279,7 @@ def _backward_side(
     if x.numel() == 0 or not (need_x or need_w):
         return dx, dw
     cfg, sizes = _shape(x, x.shape[1], cos.shape[-1], interleaved)
-    grid = (triton.cdiv(x.shape[2], cfg.block_t), x.shape[0], triton.cdiv(x.shape[1], cfg.block_h))
+    grid = (_cdiv(x.shape[2], cfg.block_t), x.shape[0], _cdiv(x.shape[1], cfg.block_h))
     programs = grid[0] * grid[1] * grid[2]
     partial = torch.empty(programs, x.shape[3], device=x.device, dtype=torch.float32)
     wrap_triton(_norm_rotate_backward_kernel)[grid](
@@ -335,6 +341,24 @@ def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
 norm_rotate_triton_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def eager(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_weight: Tensor, k_weight: Tensor,
+    eps: float, offset: float, interleaved: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Out of place where nothing traces and nothing needs a gradient: one direct launch that
+    reads the tables and the weights in their own dtypes and adds ``offset`` to each weight
+    as it loads it (no cast, add or copy kernel per call). Tables ``(S, n)`` or
+    ``(1 or B, S, n)``, weights ``(head_dim,)``."""
+    from .triton_path import rows
+
+    stride = q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0
+    c, s = rows(cos, sin)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _forward(q, k, q_out, k_out, q_weight, k_weight, c, s, eps, interleaved, stride,
+             w_offset=offset, traceable=False)  # fmt: skip
+    return q_out, k_out
+
+
 def norm_rotate_triton(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_weight: Tensor, k_weight: Tensor,
     eps: float, interleaved: bool, inplace: bool,
@@ -351,4 +375,4 @@ def norm_rotate_triton(
     return q_out, k_out
 
 
-__all__ = ["norm_rotate_triton"]
+__all__ = ["eager", "norm_rotate_triton"]

@@ -26,11 +26,12 @@ from torch.autograd import forward_ad as _forward_ad
 
 from .. import _checks
 from .layout import Layout
-from .ops import f32, plain_eager
+from .ops import plain_eager
 
 Signature = tuple[object, ...]
 
 _last: Signature | None = None
+_plan: tuple[Signature, Any] | None = None  # (signature, its triton.Plan or None)
 
 
 def plain(q: object, k: object) -> bool:
@@ -74,30 +75,58 @@ def known(sig: Signature | None) -> bool:
 
 
 def forget() -> None:
-    """Drop the remembered signature (tests)."""
-    global _last
-    _last = None
+    """Drop the remembered signature and plan (tests)."""
+    global _last, _plan
+    _last = _plan = None
 
 
-def _tables(cos: torch.Tensor, q: torch.Tensor) -> tuple[int, int]:
-    """The rotary half-width and the rows to skip per sequence (0: one table for all)."""
-    return cos.shape[-1], (q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0)
+def rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables as the kernel reads them: ``(rows, n)`` views where they can be, with unit stride
+    in n and one row stride for both, in their own float dtype (the kernel converts each
+    value to float32 as it loads it: no cast kernel per call, as transformers' bf16 tables
+    needed before)."""
+    n = cos.shape[-1]
+    c, s = cos.reshape(-1, n), sin.reshape(-1, n)
+    if c.stride(-1) != 1 or s.stride(-1) != 1 or c.stride(0) != s.stride(0):
+        c, s = c.contiguous(), s.contiguous()
+    return c, s
+
+
+def _batch_stride(cos: torch.Tensor, q: torch.Tensor) -> int:
+    """The table rows to skip per sequence: 0 for one table for all, seq for one per
+    sequence."""
+    return q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0
 
 
 def eager(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: Layout,
+    sig: Signature | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked q, k and per-token tables rotated out of place by a direct launch (nothing
-    traces, nothing needs a gradient): no dispatcher, no autograd node."""
+    traces, nothing needs a gradient): no dispatcher, no autograd node. With the call's
+    signature ``sig``, the launch's plan (grid, strides, compile-time arguments) is reused
+    from the last call of that signature: it depends on nothing else."""
+    global _plan
     from . import triton as _tr
 
-    n, stride = _tables(cos, q)
+    stride = _batch_stride(cos, q)
+    c, s = rows(cos, sin)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _tr.launch(
-        q, k, q_out, k_out, f32(cos.reshape(-1, n)), f32(sin.reshape(-1, n)),
-        interleaved=layout is Layout.INTERLEAVED, conjugate=False, table_batch_stride=stride,
-        traceable=False,
-    )  # fmt: skip
+    if sig is not None and _plan is not None and _plan[0] == sig:
+        plan = _plan[1]
+    else:
+        plan = _tr.plan(
+            q, k, q_out, k_out, c, interleaved=layout is Layout.INTERLEAVED, conjugate=False,
+            table_batch_stride=stride,
+        )  # fmt: skip
+        if sig is not None:
+            _plan = (sig, plan)
+    if plan is not None:
+        _tr.run(plan, q, k, q_out, k_out, c, s, traceable=False)
     return q_out, k_out
 
 
@@ -137,10 +166,9 @@ def pair(
 
     if not inplace and k_cos is None and plain_eager(q, k) and not _checks.tracing():
         return eager(q, k, cos, sin, layout)
-    n, stride = _tables(cos, q)
-    c, s = f32(cos.reshape(-1, n)), f32(sin.reshape(-1, n))
-    kc = None if k_cos is None else f32(k_cos.reshape(-1, n))
-    ks = None if k_sin is None else f32(k_sin.reshape(-1, n))
+    stride = _batch_stride(cos, q)
+    c, s = rows(cos, sin)
+    kc, ks = (None, None) if k_cos is None or k_sin is None else rows(k_cos, k_sin)
     args = flags(layout, table_batch_stride=stride)
     if inplace:
         torch.ops.posemb.rotate_triton_(q, k, c, s, kc, ks, **args)
@@ -168,7 +196,7 @@ def cached(
     args = flags(layout, positions, offsets, cu_seqlens,
                  max_seqlen=seq_len if cu_seqlens is not None else 0)  # fmt: skip
     if inplace:
-        torch.ops.posemb.rotate_triton_(q, k, f32(cos), f32(sin), None, None, **args)
+        torch.ops.posemb.rotate_triton_(q, k, *rows(cos, sin), None, None, **args)
         return q, k
-    q_out, k_out = torch.ops.posemb.rotate_triton(q, k, f32(cos), f32(sin), None, None, **args)
+    q_out, k_out = torch.ops.posemb.rotate_triton(q, k, *rows(cos, sin), None, None, **args)
     return q_out, k_out
