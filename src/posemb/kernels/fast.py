@@ -232,6 +232,7 @@ class DerivedRotation:
             and type(k) is torch.Tensor
             and type(cos) is torch.Tensor
             and type(sin) is torch.Tensor
+            and q.is_cpu  # first: on a GPU this is the one test a decode step pays for
             and _rotate_into is not None
             and _cpu._loaded is not None
             and not (
@@ -245,7 +246,6 @@ class DerivedRotation:
             and _dispatch_mode(_FAKE_MODE) is None
             and _dispatch_mode(_PROXY_MODE) is None
             and not _jit_tracing()
-            and q.is_cpu
             and k.is_cpu
             and cos.is_cpu
             and sin.is_cpu
