@@ -115,3 +115,35 @@ def browser():
         launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         yield launched
         launched.close()
+
+
+@pytest.fixture
+def triton_decode_path_on_this_host(monkeypatch):
+    """The CUDA decode fast path exercised on this host's device: "auto" resolves to Triton
+    and the path's CUDA test accepts these tensors (on a CPU host, through the interpreter);
+    the CPU op's own fast path is kept out."""
+    from devices import device_of
+    from posemb.kernels import dispatch, fast, triton_path
+
+    device = device_of("triton")
+    real_resolve = dispatch.resolve_backend
+
+    def plain(q, k):  # triton_path.plain with this host's device for CUDA's
+        return (
+            type(q) is torch.Tensor
+            and type(k) is torch.Tensor
+            and q.device.type == torch.device(device).type
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            and not torch.compiler.is_compiling()
+        )
+
+    monkeypatch.setattr(triton_path, "plain", plain)
+    monkeypatch.setattr(fast, "plain", lambda q, k: False)
+    monkeypatch.setattr(
+        dispatch,
+        "resolve_backend",
+        lambda b, x: "triton" if b == "auto" and x.dtype != torch.float64 else real_resolve(b, x),
+    )
+    triton_path.forget()
+    yield device
+    triton_path.forget()

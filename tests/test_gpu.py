@@ -200,3 +200,33 @@ def test_a_fused_llama_decode_step_replays_in_a_cuda_graph_and_never_syncs():
             want = eager(token.clone(), past_key_values=twin, cache_position=at.clone(),
                          position_ids=at[None].clone()).logits  # fmt: skip
         assert_close(out, want, torch.float32)
+
+
+def test_a_repeated_norm_rotate_call_skips_the_checks_and_still_refuses_a_changed_one(
+    monkeypatch,
+):
+    """norm_rotate's CUDA decode path: the second call with one signature (weights, eps and
+    offset included) runs no check; a changed eps or weight is checked again."""
+    from posemb.kernels import dispatch, triton_path
+
+    triton_path.forget()
+    checked = []
+    real = dispatch.check_pair
+    monkeypatch.setattr(
+        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
+    )
+    q, k = _decode_inputs()
+    cos, sin = _tables(torch.tensor([[5], [900]], device=DEV))
+    qw = torch.linspace(0.5, 1.5, 128, device=DEV)
+    kw = torch.linspace(1.5, 0.5, 128, device=DEV)
+    first = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+    second = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+    assert len(checked) == 1
+    want = kernels.norm.reference(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+    for a, b, w in zip(first, second, want, strict=True):
+        assert torch.equal(a, b)
+        assert_close(b, w, torch.bfloat16)
+    with pytest.raises(ValueError, match="eps"):
+        kernels.norm_rotate(q, k, cos, sin, qw, kw, 0.0, 1.0)
+    with pytest.raises(ValueError, match="q_weight"):
+        kernels.norm_rotate(q, k, cos, sin, qw[:64], kw, 1e-6, 1.0)

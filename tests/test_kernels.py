@@ -584,3 +584,35 @@ def test_triton_reads_tables_in_their_own_dtype_and_strides(table_dtype):
     c, s = (t.float() for t in cut)
     assert_close(got_q, reference.rotate(q, c, s, "half"), torch.bfloat16)
     assert_close(got_k, reference.rotate(k, c, s, "half"), torch.bfloat16)
+
+
+def test_a_remembered_triton_call_skips_the_checks_and_a_changed_one_is_checked(
+    monkeypatch, triton_decode_path_on_this_host
+):
+    """A decode step's repeated call runs no check and gives the full path's answer; a
+    changed signature (dtype, strides, requires_grad) is checked again and refused as before."""
+    from posemb.kernels import dispatch
+
+    device = triton_decode_path_on_this_host
+    checked = []
+    real = dispatch.check_pair
+    monkeypatch.setattr(
+        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
+    )
+    q, k = make((2, 4, 1, 32), 2, torch.bfloat16, device)
+    cos, sin = tables(torch.tensor([[7], [300]], device=device), 32, device)
+    first = kernels.rotate(q, k, cos, sin)
+    second = kernels.rotate(q, k, cos, sin)
+    assert len(checked) == 1
+    for a, b, x in zip(first, second, (q, k), strict=True):
+        assert torch.equal(a, b)
+        assert_close(b, reference.rotate(x, cos, sin, "half"), torch.bfloat16)
+    kernels.rotate(q.float(), k.float(), cos, sin)  # another dtype: checked
+    assert len(checked) == 2
+    wide = torch.zeros(2, 1, 17, device=device)
+    with pytest.raises(ValueError, match="cos has 17 frequencies"):
+        kernels.rotate(q, k, wide, wide)
+    with pytest.raises(ValueError, match="q and k must agree"):
+        kernels.rotate(q, k[:1], cos, sin)
+    out, _ = kernels.rotate(q.float().requires_grad_(), k.float(), cos, sin)
+    assert out.grad_fn is not None  # a gradient wanted: the registered op

@@ -331,3 +331,34 @@ def test_triton_reads_weights_and_tables_in_the_models_dtype(offset):
     want = _want(q, k, *cut, qw, kw, 1e-6, offset, Layout.HALF)
     for g, w in zip(got, want, strict=True):
         assert_close(g, w.to(device), torch.bfloat16)
+
+
+def test_a_remembered_norm_rotate_call_skips_the_checks_and_a_changed_one_is_checked(
+    monkeypatch, triton_decode_path_on_this_host
+):
+    """norm_rotate's decode path on CUDA (here through the interpreter): the repeated call
+    runs no check and equals the definition; a changed eps, offset or weight is checked."""
+    from posemb.kernels import dispatch
+
+    device = triton_decode_path_on_this_host
+    checked = []
+    real = dispatch.check_pair
+    monkeypatch.setattr(
+        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
+    )
+    q, k, cos, sin, qw, kw = _inputs(((2, 4, 1, 32), 2, 32), torch.bfloat16, device, True)
+    first = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+    second = kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, 1.0)
+    assert len(checked) == 1
+    for a, b, w in zip(first, second, _want(q, k, cos, sin, qw, kw, 1e-6, 1.0, "half"),
+                       strict=True):  # fmt: skip
+        assert torch.equal(a, b)
+        assert_close(b, w.to(device), torch.bfloat16)
+    kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-5, 1.0)  # another eps: checked
+    assert len(checked) == 2
+    with pytest.raises(ValueError, match="eps"):
+        kernels.norm_rotate(q, k, cos, sin, qw, kw, float("nan"), 1.0)
+    with pytest.raises(ValueError, match="weight_offset"):
+        kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, float("inf"))
+    with pytest.raises(ValueError, match="q_weight"):
+        kernels.norm_rotate(q, k, cos, sin, qw[:16], kw, 1e-6, 1.0)

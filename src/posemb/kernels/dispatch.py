@@ -260,7 +260,7 @@ def rotate(
     Returns:
         ``(q, k)`` rotated, dtypes kept.
     """
-    signature = None
+    signature = triton_signature = None
     if backend == "auto" and not inplace and k_cos is None and k_sin is None:
         # A decode step: the signature of the last call that passed every check goes straight
         # to its kernel (posemb.kernels.fast for the CPU op, triton_path for CUDA).
@@ -272,9 +272,9 @@ def rotate(
                     q, k, _fast.op_table(cos), _fast.op_table(sin), lay is Layout.INTERLEAVED
                 )
         elif _triton_path.plain(q, k):
-            signature = _triton_path.signature(q, k, cos, sin, layout)
-            if _triton_path.known(signature):
-                return _triton_path.eager(q, k, cos, sin, as_layout(layout), signature)
+            triton_signature = _triton_path.signature(q, k, cos, sin, layout)
+            if _triton_path.known(triton_signature):
+                return _triton_path.eager(q, k, cos, sin, as_layout(layout), triton_signature)
     q, k = check_pair(q, k, varlen=False)
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
@@ -290,8 +290,7 @@ def rotate(
         if signature is not None:
             _fast.remember_rotate(signature)
         return cpu_pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
-    if signature is not None and q.is_cuda:
-        _triton_path.remember(signature)
+    _triton_path.remember(triton_signature)
     return _triton_path.pair(q, k, cos, sin, k_cos, k_sin, lay, inplace)
 
 

@@ -116,8 +116,21 @@ def norm_rotate(
     Returns:
         ``(q, k)`` normalised and rotated, dtypes kept.
     """
+    from . import triton_path
     from .dispatch import check_pair, pick_backend, refuse_inplace_grad
 
+    memo = None
+    if backend == "auto" and not inplace and triton_path.plain(q, k):
+        # A CUDA decode step: the signature of the last call that passed every check below
+        # and took the direct launch goes straight to it (as kernels.rotate's does).
+        memo = triton_path.norm_signature(q, k, cos, sin, q_weight, k_weight, eps,
+                                          weight_offset, layout)  # fmt: skip
+        if triton_path.known_norm(memo):
+            from .triton_norm import eager
+
+            interleaved = as_layout(layout) is Layout.INTERLEAVED
+            return eager(q, k, cos, sin, q_weight, k_weight, float(eps), float(weight_offset),
+                         interleaved)  # fmt: skip
     q, k = check_pair(q, k, varlen=False)
     cos, sin, _ = _checks.cos_sin_tables(cos, sin, q, (2, 3))
     _checks.per_token_tables(cos, q, "q")
@@ -135,6 +148,7 @@ def norm_rotate(
     if which == "triton" and not inplace and eager_ok(q, k, qw, kw):
         from .triton_norm import eager
 
+        triton_path.remember_norm(memo)
         return eager(q, k, cos, sin, qw, kw, eps_, offset, lay is Layout.INTERLEAVED)
     c = _table(cos, which)
     s = _table(sin, which)

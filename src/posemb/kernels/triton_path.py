@@ -62,6 +62,45 @@ def signature(
     return (_tensor(q), _tensor(k), _tensor(cos), _tensor(sin), layout, torch.is_grad_enabled())
 
 
+def norm_signature(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: object,
+    sin: object,
+    q_weight: object,
+    k_weight: object,
+    eps: object,
+    weight_offset: object,
+    layout: object,
+) -> Signature | None:
+    """What the checks of a :func:`posemb.kernels.norm_rotate` call read: the rotation's
+    signature, the weights' (shape, strides, dtype, device, ``requires_grad``) and eps and
+    the offset by type and value (a NaN never equals itself, so it is always checked)."""
+    if type(eps) not in (int, float) or type(weight_offset) not in (int, float):
+        return None  # a tensor's == would read it; the full path refuses or converts it
+    sig = signature(q, k, cos, sin, layout)
+    if sig is None or type(q_weight) is not torch.Tensor or type(k_weight) is not torch.Tensor:
+        return None
+    return (sig, _tensor(q_weight), _tensor(k_weight), type(eps), eps,
+            type(weight_offset), weight_offset)  # fmt: skip
+
+
+_last_norm: Signature | None = None
+
+
+def remember_norm(sig: Signature | None) -> None:
+    """Record the signature of a norm_rotate call that passed every check and took
+    :func:`posemb.kernels.triton_norm.eager`."""
+    global _last_norm
+    if sig is not None and not _checks.tracing():
+        _last_norm = sig
+
+
+def known_norm(sig: Signature | None) -> bool:
+    """Whether ``sig`` is that of the last norm_rotate call that passed every check."""
+    return sig is not None and sig == _last_norm
+
+
 def remember(sig: Signature | None) -> None:
     """Record the signature of a call that passed every check and took the Triton kernel."""
     global _last
@@ -75,9 +114,9 @@ def known(sig: Signature | None) -> bool:
 
 
 def forget() -> None:
-    """Drop the remembered signature and plan (tests)."""
-    global _last, _plan
-    _last = _plan = None
+    """Drop the remembered signatures and plan (tests)."""
+    global _last, _plan, _last_norm
+    _last = _plan = _last_norm = None
 
 
 def rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
