@@ -99,6 +99,12 @@ def decode(work: pathlib.Path) -> list[str]:
             f"decode b{batch}, fused patch, speed vs transformers (target >= 1.0x): "
             + ", ".join(parts)
         )
+        host = [
+            f"{method} {'-' if v is None else f'{v:.1f}'}"
+            for method in ("posemb kernels.rotate", "patch_rotary fused", "transformers")
+            for v in [_median(rows, "host_us", part="layer", batch=batch, method=method)]
+        ]
+        lines.append(f"decode b{batch}, host us per layer call (target <= 25): " + ", ".join(host))
     return lines
 
 

@@ -99,6 +99,7 @@ def test_the_summary_reads_exit_codes_counts_and_paired_ratios(tmp_path):
     _csv(tmp_path / "bench-decode.csv", [
         {"part": "layer", "batch": "1", "method": "patch_rotary fused", "vs_transformers": "1.5"},
         {"part": "model", "batch": "8", "method": "patch_rotary fused", "vs_transformers": "0.9"},
+        {"part": "layer", "batch": "1", "method": "posemb kernels.rotate", "host_us": "21.5"},
     ])  # fmt: skip
     text = gpu_summary.summary(tmp_path)
     assert "tests          exit   1   140 s of 150  FAILED" in text
@@ -107,6 +108,7 @@ def test_the_summary_reads_exit_codes_counts_and_paired_ratios(tmp_path):
     assert "tests: 3 failed, 1200 passed, 12 skipped" in text
     assert "rotation bf16: forward 1.10x of a copy, backward 1.30x" in text
     assert "0.50x of Liger's time, 2.00x of torch.compile's" in text
+    assert "decode b1, host us per layer call (target <= 25): posemb kernels.rotate 21.5" in text
     assert "rotation fp32: forward - of a copy" in text  # no rows: said, not guessed
     assert "decode b1, fused patch, speed vs transformers (target >= 1.0x): layer 1.50x" in text
     assert "decode b8" in text and "model 0.90x" in text
