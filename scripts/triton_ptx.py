@@ -41,7 +41,9 @@ CASES = (
     ("prefill bf16 gqa", (4, 32, 2048, 128), 8, torch.bfloat16, False, 64),
     ("prefill bf16 interleaved", (4, 32, 2048, 128), 8, torch.bfloat16, True, 64),
     ("prefill bf16 partial", (4, 32, 2048, 128), 8, torch.bfloat16, False, 32),
+    ("prefill bf16 d80 (Phi-2)", (4, 32, 2048, 80), 32, torch.bfloat16, False, 16),
     ("decode bf16 b1", (1, 32, 1, 128), 8, torch.bfloat16, False, 64),
+    ("decode bf16 b1 d96, 40 heads", (1, 40, 1, 96), 8, torch.bfloat16, False, 48),
     ("decode bf16 b8", (8, 32, 1, 128), 8, torch.bfloat16, False, 64),
 )
 

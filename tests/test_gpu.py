@@ -230,3 +230,21 @@ def test_a_repeated_norm_rotate_call_skips_the_checks_and_still_refuses_a_change
         kernels.norm_rotate(q, k, cos, sin, qw, kw, 0.0, 1.0)
     with pytest.raises(ValueError, match="q_weight"):
         kernels.norm_rotate(q, k, cos, sin, qw[:64], kw, 1e-6, 1.0)
+
+
+def test_a_packed_batch_of_more_than_65535_sequences():
+    """CUDA caps grid axes 1 and 2 at 65535: sequences share axis 0 with their token blocks."""
+    n = 70_000
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(n, 2, 64, generator=g).to(DEV)
+    k = torch.randn(n, 1, 64, generator=g).to(DEV)
+    cu = torch.arange(n + 1, device=DEV, dtype=torch.int32)  # one token each
+    inv = posemb.inv_freq(64, dtype=F64).to(DEV)
+    cos, sin = posemb.cos_sin(torch.arange(8, device=DEV), inv)
+    off = torch.randint(0, 7, (n,), generator=g).to(DEV)
+    got_q, got_k = kernels.rotate_cached(q, k, cos, sin, cu_seqlens=cu, offsets=off)
+    want_q, want_k = kernels.rotate_cached(
+        q, k, cos, sin, cu_seqlens=cu, offsets=off, backend="reference"
+    )
+    assert_close(got_q, want_q, torch.float32)
+    assert_close(got_k, want_k, torch.float32)

@@ -616,3 +616,42 @@ def test_a_remembered_triton_call_skips_the_checks_and_a_changed_one_is_checked(
         kernels.rotate(q, k[:1], cos, sin)
     out, _ = kernels.rotate(q.float().requires_grad_(), k.float(), cos, sin)
     assert out.grad_fn is not None  # a gradient wanted: the registered op
+
+
+@pytest.mark.parametrize("head_dim", [6, 64, 80, 96, 128, 160, 256])
+def test_every_tile_side_is_a_power_of_two(head_dim):
+    """tl.arange takes only powers of two: a tile side from the table that is not one fails to
+    compile on a GPU (head width 80 gave 12 tokens a program)."""
+    from posemb.kernels.triton import config
+
+    for elem_size in (2, 4):
+        for tokens in (1, 2, 3, 4, 5, 17, 2048):
+            for heads in (1, 3, 8, 32, 40, 64):
+                cfg = config(head_dim, elem_size, False, tokens, heads)
+                for side in (cfg.block_t, cfg.block_h):
+                    assert side >= 1 and side & (side - 1) == 0, (head_dim, tokens, heads, cfg)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kv", "rotary"), [((2, 5, 17, 80), 3, 80), ((1, 40, 1, 96), 8, 64)]
+)
+def test_the_gpu_tiles_rotate_as_the_reference(monkeypatch, shape, kv, rotary):
+    """The tile table's own tiles (not the interpreter's few large ones), for head widths
+    that are not powers of two, several token and head blocks, GQA, partial rotary."""
+    from posemb.kernels import triton as tr
+
+    monkeypatch.setattr(tr, "interpreter_tiles", lambda: False)
+    device = device_of("triton")
+    q, k = make(shape, kv, torch.bfloat16, device, seed=6)
+    cos, sin = tables(torch.arange(50, 50 + shape[2], device=device), rotary, device)
+    qg, kg = q.float().requires_grad_(), k.float().requires_grad_()
+    got_q, got_k = kernels.rotate(qg, kg, cos, sin, backend="triton")
+    assert_close(got_q, reference.rotate(q.float(), cos, sin, "half"), torch.float32)
+    assert_close(got_k, reference.rotate(k.float(), cos, sin, "half"), torch.float32)
+    (got_q.sum() + got_k.sum()).backward()
+    qr, kr = q.float().requires_grad_(), k.float().requires_grad_()
+    (
+        reference.rotate(qr, cos, sin, "half").sum() + reference.rotate(kr, cos, sin, "half").sum()
+    ).backward()
+    assert_close(qg.grad, qr.grad, torch.float32)
+    assert_close(kg.grad, kr.grad, torch.float32)

@@ -362,3 +362,32 @@ def test_a_remembered_norm_rotate_call_skips_the_checks_and_a_changed_one_is_che
         kernels.norm_rotate(q, k, cos, sin, qw, kw, 1e-6, float("inf"))
     with pytest.raises(ValueError, match="q_weight"):
         kernels.norm_rotate(q, k, cos, sin, qw[:16], kw, 1e-6, 1.0)
+
+
+def test_the_gpu_tiles_normalise_as_the_definition(monkeypatch):
+    """norm_rotate with the tile table's own tiles (not the interpreter's few large ones):
+    head width 80 (not a power of two), partial rotary, GQA, several token and head blocks;
+    values, and gradients of q, k and both weights (partial sums over programs whose tiles
+    are partly masked), as the parametrized tests check them."""
+    from posemb.kernels import triton as tr
+
+    monkeypatch.setattr(tr, "interpreter_tiles", lambda: False)
+    case = ((2, 5, 17, 80), 3, 48)
+    for layout in Layout:
+        test_values_match_the_definition("triton", torch.float32, layout, case, 1.0)
+        test_gradients_match_the_definition("triton", torch.float32, layout, case, (1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("form", ["strided", "expanded"])
+def test_weights_of_any_strides(form):
+    """A weight that is a strided view or an expanded scalar reads as its values."""
+    device = device_of("triton")
+    q, k, cos, sin, _, _ = _inputs(((1, 2, 3, 8), 1, 8), torch.float32, device)
+    if form == "strided":
+        w = torch.randn(16, generator=torch.Generator().manual_seed(3)).to(device)[::2]
+    else:
+        w = torch.tensor(0.5, device=device).expand(8)
+    got = kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6, backend="triton")
+    want = _want(q, k, cos, sin, w, w, 1e-6, 0.0, Layout.HALF)
+    for g, x in zip(got, want, strict=True):
+        assert_close(g, x.to(device), torch.float32)

@@ -132,7 +132,12 @@ def key_tables(
         raise InputError("k_cos and k_sin go together: pass both or neither")
     kc = _checks.float_tensor("k_cos", k_cos)
     ks = _checks.float_tensor("k_sin", k_sin)
-    if kc.shape != cos.shape or ks.shape != cos.shape or kc.device != cos.device:
+    if (
+        kc.shape != cos.shape
+        or ks.shape != cos.shape
+        or kc.device != cos.device
+        or ks.device != cos.device
+    ):
         raise InputError(
             f"k_cos and k_sin must have cos's shape {tuple(cos.shape)} and device, got "
             f"{tuple(kc.shape)} and {tuple(ks.shape)}"

@@ -44,10 +44,23 @@ from .ops import backward_by_conjugate, setup_context
 INT32_LIMIT = 2**31
 
 
+def interpreter_tiles() -> bool:
+    """Whether launches take the interpreter's tiles (few programs, each large: it runs them
+    one by one in Python) rather than :func:`config`'s. Tests patch this to run the GPU's
+    tiles through the interpreter."""
+    return interpreting()
+
+
 def _pow2(n: int) -> int:
     """The smallest power of two >= n (n >= 1). Plain Python: triton's own helpers are
     constexpr functions, ~4 us a call on the host, and a launch used seven."""
     return 1 << (n - 1).bit_length()
+
+
+def _floor_pow2(n: int) -> int:
+    """The largest power of two <= n, and 1 for n < 1 (a tile side must be a power of two:
+    ``tl.arange`` refuses any other length)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 1
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -104,9 +117,11 @@ def _rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    # Token blocks on grid axis 0, the only one allowed more than 65535 programs.
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    b = tl.program_id(1)
+    # Token blocks of every sequence on grid axis 0, the only one allowed more than 65535
+    # programs (a packed batch may hold more sequences than that); head blocks on axis 1.
+    t_blocks = tl.cdiv(seq_len, BLOCK_T)
+    b = tl.program_id(0) // t_blocks
+    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     if WIDE:
         t = t.to(tl.int64)
         b = b.to(tl.int64)
@@ -137,9 +152,9 @@ def _rope_kernel(
     if CONJ:
         s = -s
 
-    # Head blocks on axis 2: q's first, then k's.
+    # Head blocks on axis 1: q's first, then k's.
     q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
-    pid_h = tl.program_id(2)
+    pid_h = tl.program_id(1)
     hh = tl.arange(0, BLOCK_H)
     if pid_h < q_blocks:
         h = pid_h * BLOCK_H + hh
@@ -192,12 +207,12 @@ def config(head_dim: int, elem_size: int, interleaved: bool, tokens: int, heads:
     heads_p2 = _pow2(max(heads, 1))
     if tokens <= DECODE_TOKENS:
         block_t = _pow2(tokens)
-        block_h = min(heads_p2, max(1, 4096 // (block_t * head_dim)))
+        block_h = min(heads_p2, _floor_pow2(4096 // (block_t * head_dim)))
         warps = 4 if block_t * block_h * head_dim >= 2048 else 1
         return Config(block_t, block_h, warps)
     target = 8192 if elem_size <= 2 else 4096
     block_h = min(heads_p2, 8)
-    block_t = max(1, min(_pow2(tokens), target // (block_h * head_dim)))
+    block_t = min(_pow2(tokens), _floor_pow2(target // (block_h * head_dim)))
     warps = 8 if block_t * block_h * head_dim >= 8192 else 4
     return Config(block_t, block_h, warps)
 
@@ -256,12 +271,15 @@ def plan(
     n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
     if batch == 0 or seq_len == 0 or n_q + n_k == 0:
         return None
-    if interpreting():
-        # The interpreter runs programs one by one in Python: few, large programs.
+    if interpreter_tiles():
         cfg = Config(_pow2(min(seq_len, 256)), _pow2(max(n_q, n_k)), 4)
     else:
         cfg = config(head_dim, q.element_size(), interleaved, seq_len, max(n_q, n_k))
-    grid = (_cdiv(seq_len, cfg.block_t), batch, _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h))
+    grid = (
+        _cdiv(seq_len, cfg.block_t) * batch,
+        _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h),
+        1,
+    )
     pos_sb = pos_st = 0
     if positions is not None:
         pos_sb = positions.stride(0) if positions.shape[0] > 1 else 0

@@ -21,7 +21,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config, interpreting
+from . import triton as _tr
+from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config
 
 
 @triton.jit
@@ -121,15 +122,17 @@ def _norm_rotate_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    b = tl.program_id(1)
+    # As the rotation's grid: every sequence's token blocks on axis 0, head blocks on axis 1.
+    t_blocks = tl.cdiv(seq_len, BLOCK_T)
+    b = tl.program_id(0) // t_blocks
+    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
     if WIDE:
         t = t.to(tl.int64)
         b = b.to(tl.int64)
     t_live = t < seq_len
     c, s = _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride, HALF, BLOCK_N)
     q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
-    pid_h = tl.program_id(2)
+    pid_h = tl.program_id(1)
     hh = tl.arange(0, BLOCK_H)
     if pid_h < q_blocks:
         h = pid_h * BLOCK_H + hh
@@ -162,9 +165,10 @@ def _norm_rotate_backward_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    b = tl.program_id(1)
-    h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t_blocks = tl.cdiv(seq_len, BLOCK_T)
+    b = tl.program_id(0) // t_blocks
+    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     if WIDE:
         t = t.to(tl.int64)
         b = b.to(tl.int64)
@@ -184,8 +188,8 @@ def _norm_rotate_backward_kernel(
     xb = xb * r
     xt = xt * r
     if NEED_DW:
-        p = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
-        p = (p + tl.program_id(2)).to(tl.int64) * HEAD_DIM
+        p = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        p = p * HEAD_DIM
         da = tl.sum(tl.sum(na * xa, 0), 0)[None, None, :]
         db = tl.sum(tl.sum(nb * xb, 0), 0)[None, None, :]
         dt = tl.sum(tl.sum(gt * xt, 0), 0)[None, None, :]
@@ -206,7 +210,7 @@ def _shape(x: Tensor, heads: int, half: int, interleaved: bool) -> tuple[Config,
     """The tile of a launch over ``x`` ``(B, H, S, D)`` (``heads``: the most heads of one
     side), and the compile-time sizes."""
     s, d = x.shape[2], x.shape[3]
-    if interpreting():
+    if _tr.interpreter_tiles():
         cfg = Config(_pow2(min(s, 256)), _pow2(heads), 4)
     else:
         cfg = config(d, x.element_size(), interleaved, s, heads)
@@ -237,8 +241,8 @@ def _forward(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, qw: Tensor, kw:
     if q.shape[0] * q.shape[2] == 0 or n_q + n_k == 0:
         return
     cfg, sizes = _shape(q, max(n_q, n_k), cos.shape[-1], interleaved)
-    grid = (_cdiv(q.shape[2], cfg.block_t), q.shape[0],
-            _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h))  # fmt: skip
+    grid = (_cdiv(q.shape[2], cfg.block_t) * q.shape[0],
+            _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h), 1)  # fmt: skip
     kernel = wrap_triton(_norm_rotate_kernel) if traceable else _norm_rotate_kernel
     kernel[grid](
         q, k, q_out, k_out, qw, kw, cos, sin, q.shape[2], n_q, n_k, eps, w_offset,
@@ -279,7 +283,7 @@ def _backward_side(
     if x.numel() == 0 or not (need_x or need_w):
         return dx, dw
     cfg, sizes = _shape(x, x.shape[1], cos.shape[-1], interleaved)
-    grid = (_cdiv(x.shape[2], cfg.block_t), x.shape[0], _cdiv(x.shape[1], cfg.block_h))
+    grid = (_cdiv(x.shape[2], cfg.block_t) * x.shape[0], _cdiv(x.shape[1], cfg.block_h), 1)
     programs = grid[0] * grid[1] * grid[2]
     partial = torch.empty(programs, x.shape[3], device=x.device, dtype=torch.float32)
     wrap_triton(_norm_rotate_backward_kernel)[grid](
@@ -353,6 +357,9 @@ def eager(
 
     stride = q.shape[2] if cos.dim() == 3 and cos.shape[0] > 1 else 0
     c, s = rows(cos, sin)
+    # The kernel reads a weight at unit stride: a strided or expanded one is copied.
+    q_weight = q_weight if q_weight.stride(0) == 1 else q_weight.contiguous()
+    k_weight = k_weight if k_weight.stride(0) == 1 else k_weight.contiguous()
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     _forward(q, k, q_out, k_out, q_weight, k_weight, c, s, eps, interleaved, stride,
              w_offset=offset, traceable=False)  # fmt: skip
