@@ -19,6 +19,19 @@ F64 = torch.float64
 DEV = "cuda"
 
 
+def _counted_checks(monkeypatch):
+    """A list that grows by one each time a rotation's checks run; nothing remembered."""
+    from posemb.kernels import dispatch, triton_path
+
+    triton_path.forget()
+    checked = []
+    real = dispatch.check_pair
+    monkeypatch.setattr(
+        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
+    )
+    return checked
+
+
 def _decode_inputs(batch=2, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, 32, 1, 128, generator=g).to(DEV, dtype)
@@ -115,14 +128,7 @@ def test_a_repeated_decode_call_skips_the_checks_and_still_refuses_a_changed_one
     """The CUDA decode fast path: the second call with one signature runs no check and gives
     the full path's answer; a call whose signature changed (dtype, strides, grad) is checked
     again, so bad input is refused as before."""
-    from posemb.kernels import dispatch, triton_path
-
-    triton_path.forget()
-    checked = []
-    real = dispatch.check_pair
-    monkeypatch.setattr(
-        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
-    )
+    checked = _counted_checks(monkeypatch)
     q, k = _decode_inputs()
     cos, sin = _tables(torch.tensor([[5], [900]], device=DEV))
     first = kernels.rotate(q, k, cos, sin)
@@ -207,14 +213,7 @@ def test_a_repeated_norm_rotate_call_skips_the_checks_and_still_refuses_a_change
 ):
     """norm_rotate's CUDA decode path: the second call with one signature (weights, eps and
     offset included) runs no check; a changed eps or weight is checked again."""
-    from posemb.kernels import dispatch, triton_path
-
-    triton_path.forget()
-    checked = []
-    real = dispatch.check_pair
-    monkeypatch.setattr(
-        dispatch, "check_pair", lambda *a, **kw: checked.append(1) or real(*a, **kw)
-    )
+    checked = _counted_checks(monkeypatch)
     q, k = _decode_inputs()
     cos, sin = _tables(torch.tensor([[5], [900]], device=DEV))
     qw = torch.linspace(0.5, 1.5, 128, device=DEV)

@@ -105,6 +105,20 @@ def _rotate_tile(
 
 
 @triton.jit
+def token_block(seq_len, BLOCK_T: tl.constexpr, WIDE: tl.constexpr):
+    """This program's tokens ``t`` (BLOCK_T of them) and sequence ``b``: every sequence's
+    token blocks share grid axis 0, the only one allowed more than 65535 programs (a packed
+    batch may hold more sequences than that); 64-bit where the call is ``WIDE``."""
+    t_blocks = tl.cdiv(seq_len, BLOCK_T)
+    b = tl.program_id(0) // t_blocks
+    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if WIDE:
+        t = t.to(tl.int64)
+        b = b.to(tl.int64)
+    return t, b
+
+
+@triton.jit
 def _rope_kernel(
     Q, K, QO, KO, COS, SIN, POS, OFF, CU,
     seq_len, n_q_heads, n_k_heads,
@@ -117,14 +131,7 @@ def _rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    # Token blocks of every sequence on grid axis 0, the only one allowed more than 65535
-    # programs (a packed batch may hold more sequences than that); head blocks on axis 1.
-    t_blocks = tl.cdiv(seq_len, BLOCK_T)
-    b = tl.program_id(0) // t_blocks
-    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-    if WIDE:
-        t = t.to(tl.int64)
-        b = b.to(tl.int64)
+    t, b = token_block(seq_len, BLOCK_T, WIDE)  # head blocks on axis 1
     if VARLEN:
         start = tl.load(CU + b)
         length = tl.load(CU + b + 1) - start

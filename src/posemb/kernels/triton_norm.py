@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from . import triton as _tr
-from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config
+from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config, token_block
 
 
 @triton.jit
@@ -122,13 +122,7 @@ def _norm_rotate_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    # As the rotation's grid: every sequence's token blocks on axis 0, head blocks on axis 1.
-    t_blocks = tl.cdiv(seq_len, BLOCK_T)
-    b = tl.program_id(0) // t_blocks
-    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-    if WIDE:
-        t = t.to(tl.int64)
-        b = b.to(tl.int64)
+    t, b = token_block(seq_len, BLOCK_T, WIDE)  # as the rotation's grid; heads on axis 1
     t_live = t < seq_len
     c, s = _tables(COS, SIN, t, t_live, b, table_row_stride, table_batch_stride, HALF, BLOCK_N)
     q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
@@ -165,13 +159,9 @@ def _norm_rotate_backward_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
 ):  # fmt: skip
-    t_blocks = tl.cdiv(seq_len, BLOCK_T)
-    b = tl.program_id(0) // t_blocks
-    t = (tl.program_id(0) % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t, b = token_block(seq_len, BLOCK_T, WIDE)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     if WIDE:
-        t = t.to(tl.int64)
-        b = b.to(tl.int64)
         h = h.to(tl.int64)
     t_live = t < seq_len
     live = (t_live[:, None] & (h < n_heads)[None, :])[:, :, None]
