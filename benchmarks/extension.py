@@ -3,9 +3,14 @@
 For each method and length, ``posemb.extended_attention`` (q and k unrotated) is timed in
 alternation with the plain path a model runs: RoPE on q and k, then
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``. The ratio is the median
-of the per-pair ratios (the machines are shared and noisy; pairs see the same state).
+of the per-pair ratios (the machines are shared and noisy; pairs see the same state). Beside
+the time, the peak memory one call adds above what its inputs hold: on CUDA the allocator's
+peak, on the CPU the process's peak resident set (reset before each call through
+``/proc/self/clear_refs``; Linux only, else not reported).
 
-Usage: python benchmarks/extension.py [--lengths 512 2048] [--repeats 5] [--threads N]
+Usage: python benchmarks/extension.py [--lengths 2048 8192] [--repeats 5] [--threads N]
+    [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--heads 8] [--kv-heads 2]
+    [--head-dim 64] [--methods selfextend rerope ...] [--reference]
 """
 
 from __future__ import annotations
@@ -14,66 +19,140 @@ import argparse
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 import posemb
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-def _once(fn) -> float:
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _once(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
     t0 = time.perf_counter()
     fn()
+    _sync(device)
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from posemb.bench.kernels import cpu_model
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
-    print(
-        f"extended_attention vs RoPE + SDPA (causal), float32, batch 1, 8 q heads / 2 kv heads, "
-        f"head_dim 64; {cpu_model()}, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}, Python {platform.python_version()}"
-    )
-    rope = posemb.RotaryEmbedding(64)
-    methods = {
+
+def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
+    """MiB one call of ``fn`` takes at its peak above what was held before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    fn()
+    peak = _rss_kib("VmHWM")
+    return None if before is None or peak is None else (peak - before) / 1024
+
+
+def methods() -> dict[str, posemb.extension.Extension]:
+    return {
         "selfextend": posemb.SelfExtend(group=8, window=128),
         "rerope": posemb.ReRoPE(window=128),
         "leaky rerope": posemb.ReRoPE(window=128, leak=16.0),
         "dca": posemb.DualChunk(chunk_size=256, local_size=32),
     }
-    for n in args.lengths:
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--methods", nargs="+", choices=sorted(methods()), default=None)
+    p.add_argument("--reference", action="store_true", help="time the blocked reference path")
+    a = p.parse_args(argv)
+    if a.heads % a.kv_heads:
+        p.error(f"--heads ({a.heads}) must be a multiple of --kv-heads ({a.kv_heads})")
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = _args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from posemb.bench.kernels import cpu_model
+
+    device, dtype = torch.device(a.device), DTYPES[a.dtype]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    path = "reference (blocked)" if a.reference else "fused (LSE-merged)"
+    print(
+        f"extended_attention [{path}] vs RoPE + SDPA (causal), {a.dtype}, batch 1, {a.heads} q "
+        f"/ {a.kv_heads} kv heads of {a.head_dim}; {where}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
+    rope = posemb.RotaryEmbedding(a.head_dim)
+    chosen = {n: m for n, m in methods().items() if a.methods is None or n in a.methods}
+    group = a.heads // a.kv_heads
+    for n in a.lengths:
         torch.manual_seed(0)
-        q, k, v = torch.randn(1, 8, n, 64), torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64)
+
+        def make(heads: int, n: int = n) -> torch.Tensor:
+            return torch.randn(1, heads, n, a.head_dim, device=device, dtype=dtype)
+
+        q, k, v = make(a.heads), make(a.kv_heads), make(a.kv_heads)
 
         def plain(q=q, k=k, v=v):
             qr, kr = rope(q, k)
-            kr, vv = kr.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+            kr, vv = kr.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             return torch.nn.functional.scaled_dot_product_attention(qr, kr, vv, is_causal=True)
 
         with torch.no_grad():
             plain()
-            base = statistics.median(_once(plain) for _ in range(args.repeats))
-            for name, method in methods.items():
+            base = statistics.median(_once(plain, device) for _ in range(a.repeats))
+            base_mem = peak_mib(plain, device)
+            for name, method in chosen.items():
 
                 def ext(method=method, q=q, k=k, v=v):
-                    return posemb.extended_attention(q, k, v, rope, method)
+                    return posemb.extended_attention(q, k, v, rope, method, fused=not a.reference)
 
                 ext()
                 ratios, times = [], []
-                for _ in range(args.repeats):
-                    r, t = _once(plain), _once(ext)
+                for _ in range(a.repeats):
+                    r, t = _once(plain, device), _once(ext, device)
                     ratios.append(t / r)
                     times.append(t)
+                mem = peak_mib(ext, device)
+                memory = (
+                    f"   peak {mem:7.1f} MiB (plain {base_mem:6.1f}, {mem / base_mem:4.1f}x)"
+                    if mem is not None and base_mem
+                    else ""
+                )
                 print(
-                    f"  L={n:5d} {name:13s} {1e3 * statistics.median(times):9.1f} ms   "
-                    f"plain {1e3 * base:7.1f} ms   ratio {statistics.median(ratios):5.1f}x"
+                    f"  L={n:6d} {name:13s} {1e3 * statistics.median(times):9.1f} ms   "
+                    f"plain {1e3 * base:8.1f} ms   ratio {statistics.median(ratios):5.2f}x{memory}"
                 )
 
 

@@ -33,7 +33,7 @@ from typing import ClassVar
 
 import torch
 
-from . import _checks, kernels
+from . import _checks, _lse, kernels
 from ._errors import InputError
 from .rope import RotaryEmbedding, XPos
 
@@ -94,6 +94,22 @@ class Extension:
         """The rotations that realise :meth:`relative_positions`: for each set, the positions
         q and k are rotated at (float64) and the pairs whose logit it gives; the regions cover
         every pair once."""
+        _, j = _grid(qp, kp)
+        return [
+            (q_at, k_at, (j >= lo.unsqueeze(-1)) & (j <= hi.unsqueeze(-1)))
+            for (q_at, k_at), (lo, hi) in zip(
+                self.set_positions(qp, kp), self.key_bounds(qp), strict=True
+            )
+        ]
+
+    def set_positions(self, qp: torch.Tensor, kp: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Per position set, where q and k are rotated (float64, qp's and kp's shapes)."""
+        raise NotImplementedError
+
+    def key_bounds(self, qp: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per position set, the lowest and highest key position (int64, inclusive, qp's shape;
+        +-2^62 for none) whose pair with each query the set gives: every set's pairs with one
+        query are the keys inside one interval of positions."""
         raise NotImplementedError
 
     def scale_queries(self, q_positions: torch.Tensor) -> torch.Tensor | None:
@@ -102,6 +118,17 @@ class Extension:
             return None
         i = q_positions.to(F64)
         return (torch.log1p(i.clamp_min(0)) / math.log(self.query_scale)).clamp_min(1.0)
+
+
+_FAR = 1 << 62  # a key bound no position reaches
+
+
+def _window_bounds(qp: torch.Tensor, w: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Self-Extend's and ReRoPE's three sets: keys closer than ``w`` either way, ``w`` or more
+    before the query, ``w`` or more after it."""
+    i = qp.to(torch.int64)
+    far = torch.full_like(i, _FAR)
+    return [(i - w + 1, i + w - 1), (-far, i - w), (i + w, far)]
 
 
 def _grid(qp: torch.Tensor, kp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,17 +167,17 @@ class SelfExtend(Extension):
         far_after = i // g - (j // g + s)
         return torch.where(d >= self.window, far, torch.where(d <= -self.window, far_after, d))
 
-    def position_sets(self, qp: torch.Tensor, kp: torch.Tensor) -> list[PositionSet]:
-        g, s, w = self.group, self._shift(), self.window
-        i, j = _grid(qp, kp)
-        d = i - j
-        qf, kf = qp.to(F64), kp.to(F64)
+    def set_positions(self, qp: torch.Tensor, kp: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        g, s = self.group, self._shift()
         qg, kg = torch.div(qp, g, rounding_mode="floor"), torch.div(kp, g, rounding_mode="floor")
         return [
-            (qf, kf, d.abs() < w),
-            ((qg + s).to(F64), kg.to(F64), d >= w),
-            (qg.to(F64), (kg + s).to(F64), d <= -w),
+            (qp.to(F64), kp.to(F64)),
+            ((qg + s).to(F64), kg.to(F64)),
+            (qg.to(F64), (kg + s).to(F64)),
         ]
+
+    def key_bounds(self, qp: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return _window_bounds(qp, self.window)
 
 
 @dataclass(frozen=True)
@@ -188,22 +215,19 @@ class ReRoPE(Extension):
         far = w + (df.abs() - w) / self.leak
         return torch.where(d.abs() >= w, far.copysign(df), df)
 
-    def position_sets(self, qp: torch.Tensor, kp: torch.Tensor) -> list[PositionSet]:
+    def set_positions(self, qp: torch.Tensor, kp: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         w = self.window
-        i, j = _grid(qp, kp)
-        d = i - j
         qf, kf = qp.to(F64), kp.to(F64)
         if self.leak is None:
             # Any q and k positions W apart (or -W) give every far pair the same distance.
             zq, zk = torch.zeros_like(qf), torch.zeros_like(kf)
-            return [(qf, kf, d.abs() < w), (zq + w, zk, d >= w), (zq, zk + w, d <= -w)]
+            return [(qf, kf), (zq + w, zk), (zq, zk + w)]
         k = self.leak
         shift = w - w / k
-        return [
-            (qf, kf, d.abs() < w),
-            (qf / k + shift, kf / k, d >= w),
-            (qf / k, kf / k + shift, d <= -w),
-        ]
+        return [(qf, kf), (qf / k + shift, kf / k), (qf / k, kf / k + shift)]
+
+    def key_bounds(self, qp: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return _window_bounds(qp, self.window)
 
 
 @dataclass(frozen=True)
@@ -260,12 +284,16 @@ class DualChunk(Extension):
         same, nxt, _ = self._regions(i, j)
         return torch.where(same, intra, torch.where(nxt, succ, inter)) - key
 
-    def position_sets(self, qp: torch.Tensor, kp: torch.Tensor) -> list[PositionSet]:
+    def set_positions(self, qp: torch.Tensor, kp: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         key = torch.remainder(kp, self.chunk_len).to(F64)
-        regions = self._regions(*_grid(qp, kp))
-        return [
-            (q.to(F64), key, r) for q, r in zip(self._query_positions(qp), regions, strict=True)
-        ]
+        return [(q.to(F64), key) for q in self._query_positions(qp)]
+
+    def key_bounds(self, qp: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # The query's chunk and after it; the chunk before; every chunk before that.
+        n = self.chunk_len
+        start = torch.div(qp.to(torch.int64), n, rounding_mode="floor") * n
+        far = torch.full_like(start, _FAR)
+        return [(start, far), (start - n, start - 1), (-far, start - n - 1)]
 
 
 def _rotate(
@@ -275,15 +303,16 @@ def _rotate(
     factor: float,
     rope: RotaryEmbedding,
     dt: torch.dtype,
+    backend: str = "reference",
 ) -> torch.Tensor:
     """x rotated at (possibly fractional) positions ``at``: float64 angles, the rope's layout,
-    in ``dt``."""
+    in ``dt``, by ``backend``."""
     if at.dim() == 2 and at.shape[0] == 1:
         at = at[0]  # one row of positions serves every sequence
     angles = at.to(F64).unsqueeze(-1) * inv.to(at.device, F64)
     cos, sin = (angles.cos() * factor).to(dt), (angles.sin() * factor).to(dt)
     x = x.to(dt)
-    return kernels.rotate(x, x[:, :0], cos, sin, layout=rope.layout, backend="reference")[0]
+    return kernels.rotate(x, x[:, :0], cos, sin, layout=rope.layout, backend=backend)[0]
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -323,19 +352,49 @@ def _shapes(
     return b, hq, q_len, d
 
 
-def _hidden(
-    qp: torch.Tensor,
-    kp: torch.Tensor,
-    causal: bool,
-    padding: torch.Tensor | None,
-    b: int,
-    k_len: int,
-) -> torch.Tensor | None:
-    """True where a key is hidden from a query: later than it (causal), or padding."""
-    hidden = None
-    if causal:
+@dataclass(frozen=True)
+class Visibility:
+    """Which keys a query may see, and an additive bias on what it sees: the attention mask in
+    the one form :func:`attend` applies (:func:`posemb.hf.extension.visibility` reads every
+    form transformers passes into it).
+
+    Args:
+        causal: hide keys at later positions than the query.
+        window: a sliding window: hide keys ``window`` or more positions before the query
+            (and, without ``causal``, after it); None for none.
+        pad: bool ``(batch, k_len)``, True where a key is padding (hidden from every query).
+        bias: added to the logits, broadcasting to ``(batch, heads, q_len, k_len)``: float
+            (entries at or below half the dtype's lowest, or -inf, hide the key) or bool
+            (True: seen).
+    """
+
+    causal: bool = True
+    window: int | None = None
+    pad: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    def hidden(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor | None:
+        """The hard part as a bool grid broadcasting to ``(batch, heads, q_len, k_len)``
+        (True: hidden), for the reference path; None where nothing is hidden."""
         i, j = _grid(qp, kp)
-        hidden = _pairs(j > i)
+        hidden = None
+        if self.causal:
+            hidden = j > i
+        if self.window is not None:
+            far = (i - j >= self.window) if self.causal else ((i - j).abs() >= self.window)
+            hidden = far if hidden is None else hidden | far
+        hidden = None if hidden is None else _pairs(hidden)
+        if self.pad is not None:
+            pad = self.pad.to(qp.device)[:, None, None, :]
+            hidden = pad if hidden is None else hidden | pad
+        if self.bias is not None:
+            soft = _lse.hard(self.bias, torch.float32) == -_lse.INF
+            hidden = soft if hidden is None else hidden | soft
+        return hidden
+
+
+def _visibility(causal: bool, padding: torch.Tensor | None, b: int, k_len: int) -> Visibility:
+    """extended_attention's causal flag and key padding mask, checked."""
     if padding is not None:
         if not isinstance(padding, torch.Tensor) or padding.dtype != torch.bool:
             raise InputError("key_padding_mask must be a bool tensor (True where a key is padding)")
@@ -343,9 +402,7 @@ def _hidden(
             raise InputError(
                 f"key_padding_mask must have shape ({b}, {k_len}), got {tuple(padding.shape)}"
             )
-        pad = padding.to(qp.device)[:, None, None, :]
-        hidden = pad if hidden is None else hidden | pad
-    return hidden
+    return Visibility(causal=causal, pad=padding)
 
 
 def extended_attention(
@@ -359,6 +416,7 @@ def extended_attention(
     causal: bool = True,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
     """Attention with q and k unrotated, each pair rotated by ``method``'s distance.
 
@@ -377,17 +435,20 @@ def extended_attention(
         causal: mask keys at later positions than the query (Dual Chunk Attention needs it).
         key_padding_mask: bool ``(batch, k_len)``, True where a key is padding.
         scale: logit scale; default ``1 / sqrt(head_dim)``.
+        fused: take the attention as fused calls merged by log-sum-exp where it can (below);
+            False always takes the blocked reference path.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in q's dtype. A query that may see no key gets zeros.
 
-    Memory and work: queries run in blocks whose logits hold at most 2^24 elements (64 MiB in
-    float32), never the whole ``(batch, heads, q_len, k_len)`` when it is larger; in each
-    block a position set's product is taken over the columns its pairs occupy (Self-Extend's
-    and ReRoPE's window is a band, the causal far part a prefix), plus the ``(q_len, k_len)``
-    pair masks. The q and k rotations are done once per set (two for Self-Extend and ReRoPE
-    under causal attention, three both ways and for Dual Chunk Attention; a set no seen pair
-    uses is skipped).
+    Memory and work: with ``fused`` (the default), whenever every sequence's key positions
+    increase along it (padding aside), each position set's pairs with a query are one range of
+    keys, and the attention is a few fused attention calls per block of 512 queries, merged
+    exactly by their log-sum-exp (:mod:`posemb._lse`; the CPU's flash kernel, explicit tiles
+    elsewhere); nothing of size ``q_len x k_len`` is formed, and gradients flow through it.
+    Otherwise (keys out of order, as in a packed batch; tracing) the reference path runs:
+    queries in blocks whose logits hold at most 2^24 elements, each set's product over the
+    columns its pairs occupy, plus ``(q_len, k_len)`` pair masks.
     """
     q, k, v = (_checks.float_tensor(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -417,8 +478,8 @@ def extended_attention(
     _checks.within_limit("q_positions", qp)
     _checks.within_limit("k_positions", kp)
     s = 1.0 / math.sqrt(d) if scale is None else _checks.number("scale", scale, minimum=0.0)
-    hidden = _hidden(qp, kp, causal, key_padding_mask, b, k_len)  # checked before any work
-    return attend(q, k, v, rope, method, qp, kp, hidden, s)
+    vis = _visibility(causal, key_padding_mask, b, k_len)  # checked before any work
+    return attend(q, k, v, rope, method, qp, kp, vis, s, fused=fused)
 
 
 def attend(
@@ -429,15 +490,15 @@ def attend(
     method: Extension,
     qp: torch.Tensor,
     kp: torch.Tensor,
-    hidden: torch.Tensor | None,
+    vis: Visibility,
     s: float,
+    fused: bool = True,
 ) -> torch.Tensor:
     """:func:`extended_attention` after its checks: positions ``qp`` ``(q_len,)`` or ``(batch,
-    q_len)`` and ``kp`` likewise, ``hidden`` a bool mask broadcasting to ``(batch, heads,
-    q_len, k_len)`` (True: the key is not seen), ``s`` the logit scale. Returns ``(batch,
-    heads, q_len, v_dim)`` in q's dtype (the patched transformers attention's core)."""
-    b, hq, q_len = q.shape[:3]
-    k_len, out_dtype = k.shape[2], q.dtype
+    q_len)`` and ``kp`` likewise, ``vis`` what each query may see, ``s`` the logit scale.
+    Returns ``(batch, heads, q_len, v_dim)`` in q's dtype (the patched transformers
+    attention's core)."""
+    out_dtype = q.dtype
     top = max(int(t.max()) for t in (qp, kp) if t.numel()) if qp.numel() or kp.numel() else 0
     inv, factor = rope.schedule(top + 1)
     # One arithmetic dtype for all three: float64 if any is, else float32.
@@ -445,7 +506,70 @@ def attend(
     temper = method.scale_queries(qp)
     if temper is not None:  # per query row; it commutes with the rotation
         q = q.to(dt) * _rows(temper.to(q.device, dt))
+    ranges = _ranges(method, qp, kp, vis) if fused and not _checks.tracing() else None
+    if ranges is None:
+        return _reference(q, k, v, rope, method, qp, kp, vis, s, (inv, factor, dt)).to(out_dtype)
+    qs, ks = [], []
+    for q_at, k_at in method.set_positions(qp, kp):
+        qs.append(_rotate(q, q_at, inv, factor, rope, dt, "auto"))
+        ks.append(_rotate(k, k_at, inv, factor, rope, dt, "auto"))
+    return _lse.attention(qs, ks, v.to(dt), ranges, s).to(out_dtype)
+
+
+def _ranges(
+    method: Extension, qp: torch.Tensor, kp: torch.Tensor, vis: Visibility
+) -> _lse.Ranges | None:
+    """Per set, the range of key indices each query takes its pairs from, when every
+    sequence's unpadded key positions are in increasing order (None otherwise: the reference
+    path serves it). Padded keys take the position before them (they are hidden anyway)."""
+    qp2 = (qp if qp.dim() == 2 else qp.unsqueeze(0)).to("cpu", torch.int64)
+    keys = (kp if kp.dim() == 2 else kp.unsqueeze(0)).to("cpu", torch.int64)
+    if vis.pad is not None:
+        pad = vis.pad.to("cpu")
+        keys = keys.expand(pad.shape[0], -1).masked_fill(pad, -_FAR)
+    ordered = keys.cummax(-1).values
+    if not torch.equal(ordered, keys) and (vis.pad is None or not _ordered_unpadded(keys, pad)):
+        return None
+    rows = max(qp2.shape[0], ordered.shape[0])
+    ordered = ordered.expand(rows, -1).contiguous()
+    starts, ends = [], []
+    for lo, hi in method.key_bounds(qp2):
+        if vis.causal:
+            hi = torch.minimum(hi, qp2)
+        if vis.window is not None:
+            lo = torch.maximum(lo, qp2 - vis.window + 1)
+            if not vis.causal:
+                hi = torch.minimum(hi, qp2 + vis.window - 1)
+        lo, hi = lo.expand(rows, -1).contiguous(), hi.expand(rows, -1).contiguous()
+        starts.append(torch.searchsorted(ordered, lo))
+        ends.append(torch.searchsorted(ordered, hi, right=True))
+    return _lse.Ranges(starts, ends, vis.pad, vis.bias)
+
+
+def _ordered_unpadded(keys: torch.Tensor, pad: torch.Tensor) -> bool:
+    """Whether each row's unpadded positions never decrease (padding may sit anywhere)."""
+    filled = keys.cummax(-1).values
+    return bool((filled == keys)[~pad].all())
+
+
+def _reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: RotaryEmbedding,
+    method: Extension,
+    qp: torch.Tensor,
+    kp: torch.Tensor,
+    vis: Visibility,
+    s: float,
+    schedule: tuple[torch.Tensor, float, torch.dtype],
+) -> torch.Tensor:
+    """The blocked path: each block's logits written out, each pair's from its set."""
+    inv, factor, dt = schedule
+    b, hq, q_len = q.shape[:3]
+    k_len = k.shape[2]
     group = hq // k.shape[1]
+    hidden = vis.hidden(qp, kp)
     seen = None if hidden is None else ~hidden
     if seen is not None and seen.dim() > 2:  # a pair is computed if any sequence sees it
         seen = seen.flatten(0, -3).any(0)
@@ -461,13 +585,13 @@ def attend(
     rows = max(1, min(q_len, _BLOCK_ELEMENTS // max(1, b * hq * k_len)))
     for r0 in range(0, q_len, rows):
         r1 = min(q_len, r0 + rows)
-        block = _block(sets, hidden, r0, r1, s, (b, hq, k_len), dt)
+        block = _block(sets, hidden, vis.bias, r0, r1, s, (b, hq, k_len), dt)
         if block is not None:
             logits, c0, c1 = block
             blind = (logits == float("-inf")).all(dim=-1, keepdim=True)
             p = torch.softmax(logits.masked_fill_(blind, 0.0), dim=-1).masked_fill(blind, 0.0)
             out[:, :, r0:r1] = torch.matmul(p, vv[:, :, c0:c1])
-    return out.to(out_dtype)
+    return out
 
 
 # A query block's logits hold at most this many elements (64 MiB in float32).
@@ -477,6 +601,7 @@ _BLOCK_ELEMENTS = 1 << 24
 def _block(
     sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     hidden: torch.Tensor | None,
+    bias: torch.Tensor | None,
     r0: int,
     r1: int,
     s: float,
@@ -484,9 +609,9 @@ def _block(
     dt: torch.dtype,
 ) -> tuple[torch.Tensor, int, int] | None:
     """The logits of queries ``r0:r1`` over the columns ``c0:c1`` some set gives a seen pair
-    in, each pair's from the set whose region holds it, hidden pairs ``-inf``; None when no
-    pair of the block is seen. Each set's product is taken over its own columns only (the
-    near window is a band, the causal far part a prefix), not over every key."""
+    in, each pair's from the set whose region holds it, hidden pairs ``-inf``, plus the bias;
+    None when no pair of the block is seen. Each set's product is taken over its own columns
+    only (the near window is a band, the causal far part a prefix), not over every key."""
     boxes = []
     for qr, kr, region, live in sets:
         cols = live[..., r0:r1, :].reshape(-1, live.shape[-1]).any(0).nonzero()
@@ -510,10 +635,24 @@ def _block(
         else:
             view = logits[..., lo - c0 : hi - c0]
             torch.maximum(view, part, out=view)
+    if bias is not None:  # the soft part; the hard part is in hidden
+        soft = _lse.hard(_rows_of(bias, r0, r1)[..., c0:c1], dt)
+        logits = logits + soft.masked_fill(soft == float("-inf"), 0.0)
     if hidden is not None:  # (..., q_len or 1, k_len): a padding mask has one row for all
-        rows = hidden[..., r0:r1, :] if hidden.shape[-2] > 1 else hidden
-        logits.masked_fill_(rows[..., c0:c1], float("-inf"))
+        rows = _rows_of(hidden, r0, r1)
+        logits = logits.masked_fill(rows[..., c0:c1], float("-inf"))
     return logits, c0, c1
 
 
-__all__ = ["DualChunk", "Extension", "ReRoPE", "SelfExtend", "extended_attention"]
+def _rows_of(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    return t[..., r0:r1, :] if t.shape[-2] > 1 else t
+
+
+__all__ = [
+    "DualChunk",
+    "Extension",
+    "ReRoPE",
+    "SelfExtend",
+    "Visibility",
+    "extended_attention",
+]

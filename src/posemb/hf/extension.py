@@ -24,7 +24,6 @@ transformers builds (causal, padding, sliding window) is applied as given.
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import types
 from typing import Any
@@ -37,6 +36,18 @@ from .._errors import InputError
 from ..extension import DualChunk, Extension, ReRoPE, SelfExtend, attend
 from ..rope import RotaryEmbedding
 from . import rebind
+from .extension_cache import (
+    CacheCheck,
+    held,
+    inside,
+    join,
+    layer_of,
+    remember,
+    restore,
+    snapshot,
+    tagged_class,
+)
+from .extension_masks import check_form, visibility
 
 # The families whose attention posemb expresses (model_type of the text config), and which layer
 # types it extends: Gemma 3's sliding layers have their own local RoPE and a window far inside
@@ -51,8 +62,7 @@ FAMILIES: dict[str, frozenset[str] | None] = {
 # The names a family's forward must call for the shadows to take effect.
 _NEEDS = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS")
 _KEY = "_posemb_extension"  # the kwarg carrying (method, rope, positions) to the attention
-_RECORD = "_posemb_positions"  # on a cache layer: positions of the keys it holds
-_inside: contextvars.ContextVar[bool] = contextvars.ContextVar("posemb_extension", default=False)
+_HOOK = "_posemb_extension_check"  # on the text model: the handle of its CacheCheck pre-hook
 
 
 def _unrotated(q: torch.Tensor, k: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -65,7 +75,7 @@ def _extended_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: object,
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
@@ -73,43 +83,23 @@ def _extended_attention(
     """An attention interface of transformers' signature: q ``(B, Hq, S, D)``, k and v ``(B,
     Hk, T, D)`` unrotated; returns ``((B, S, Hq, D), None)`` as eager attention does."""
     method, rope, positions = kwargs[_KEY]
-    if dropout:
-        raise InputError(
-            f"patch_extension runs attention without dropout; got dropout {dropout} (call "
-            f"model.eval(), or set attention_dropout to 0)"
-        )
+    if dropout:  # checked before the cache was touched; a direct call is checked here
+        raise InputError(_dropout_message(dropout))
     k_len = key.shape[2]
     qp = kwargs["position_ids"]
     kp = positions[:, -k_len:]
-    hidden = _hidden(module, attention_mask, qp, kp, k_len)
+    shape = (query.shape[0], query.shape[2], k_len)
+    vis = visibility(module, attention_mask, kwargs, qp, kp, shape)
     s = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    out = attend(query, key, value, rope, method, qp, kp, hidden, s)
+    out = attend(query, key, value, rope, method, qp, kp, vis, s)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _hidden(
-    module: nn.Module,
-    mask: torch.Tensor | None,
-    qp: torch.Tensor,
-    kp: torch.Tensor,
-    k_len: int,
-) -> torch.Tensor:
-    """True where a key is hidden, from the mask transformers built: None (causal, no padding:
-    from the positions), ``(B, T)`` padding (flash-attention form), or ``(B, 1, S, T)`` bool
-    (True: seen) or additive."""
-    causal = (kp.unsqueeze(-2) > qp.unsqueeze(-1)).unsqueeze(1)
-    if mask is None:
-        return causal if getattr(module, "is_causal", True) else torch.zeros_like(causal)
-    if mask.shape[-1] != k_len:
-        raise InputError(
-            f"the attention mask covers {mask.shape[-1]} keys, the cache returned {k_len}; "
-            f"patch_extension needs a DynamicCache"
-        )
-    if mask.dim() == 2:
-        return (mask == 0)[:, None, None, :] | causal
-    if mask.dtype == torch.bool:
-        return ~mask
-    return mask < torch.finfo(mask.dtype).min / 2
+def _dropout_message(dropout: float) -> str:
+    return (
+        f"patch_extension runs attention without dropout; got dropout {dropout} (call "
+        f"model.eval(), or set attention_dropout to 0)"
+    )
 
 
 class _Interface:
@@ -138,10 +128,11 @@ def _renames(module_name: str) -> dict[str, str]:
 class ExtendedForward:
     """The ``forward`` of one attention module under :func:`patch_extension`.
 
-    Its class's ``forward`` with q and k left unrotated and posemb's attention; before it runs,
-    the cache layer it will write is checked (a cache of rotated keys, another kind of cache, a
-    batch that does not match the keys' positions are refused with nothing changed), and after
-    it, the layer records the positions of its keys. Pickles as the module and the method.
+    Its class's ``forward`` with q and k left unrotated and posemb's attention. Before it runs,
+    the call is checked (dropout, the mask's form, the cache layer it will write: a cache of
+    rotated keys, another kind of cache, a batch that does not match the keys' positions), and
+    a call that fails inside leaves the layer as it was; after it, the layer records the
+    positions of its keys. Pickles as the module and the method.
     """
 
     def __init__(self, module: nn.Module, method: Extension, rope: RotaryEmbedding) -> None:
@@ -153,125 +144,43 @@ class ExtendedForward:
         self.__signature__ = inspect.signature(self._bound)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self._module
         qp = kwargs.get("position_ids")
         if not isinstance(qp, torch.Tensor):
             raise InputError(
-                f"{type(self._module).__name__} under patch_extension needs position_ids (the "
+                f"{type(module).__name__} under patch_extension needs position_ids (the "
                 f"decoder layer passes them); got {type(qp).__name__}"
             )
         qp = _checks.positions(qp, max_dim=2, name="position_ids")
         qp = qp.unsqueeze(0) if qp.dim() == 1 else qp
         _checks.within_limit("position_ids", qp)
+        dropout = getattr(module, "attention_dropout", 0.0) if module.training else 0.0
+        if dropout:
+            raise InputError(_dropout_message(dropout))
+        check_form(kwargs.get("attention_mask", args[2] if len(args) > 2 else None))
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        layer = _layer(cache, getattr(self._module, "layer_idx", None))
+        layer = layer_of(cache, getattr(module, "layer_idx", None))
         states = kwargs.get("hidden_states", args[0] if args else None)
         batch = states.shape[0] if isinstance(states, torch.Tensor) else qp.shape[0]
-        held = _held(layer, qp, batch)
-        positions = qp if held is None else _join(held, qp)
+        record = held(layer, batch)
+        positions = qp if record is None else join(record, qp)
         kwargs.update(position_ids=qp, **{_KEY: (self.method, self.rope, positions)})
-        token = _inside.set(True)
+        before = snapshot(layer)
+        token = inside.set(True)
         try:
             out = self._bound(*args, **kwargs)
+        except BaseException:
+            restore(layer, before)
+            raise
         finally:
-            _inside.reset(token)
-        layer = _layer(cache, getattr(self._module, "layer_idx", None))
+            inside.reset(token)
+        layer = layer_of(cache, getattr(module, "layer_idx", None))
         if layer is not None:
-            _tag(layer)
-            stored = layer.keys.shape[-2]
-            setattr(layer, _RECORD, positions[:, positions.shape[1] - stored :])
-            layer.__dict__["_posemb_keys"] = layer.keys
+            remember(layer, positions)
         return out
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ExtendedForward, (self._module, self.method, self.rope))
-
-
-def _layer(cache: object, layer_idx: int | None) -> Any:
-    """The cache layer this attention writes, or None without a cache (or before it exists)."""
-    if cache is None:
-        return None
-    from transformers.cache_utils import DynamicCache
-
-    if not isinstance(cache, DynamicCache) or type(cache).__name__ != "DynamicCache":
-        raise InputError(
-            f"patch_extension needs a DynamicCache (keys appended as they come), got "
-            f"{type(cache).__name__}"
-        )
-    if layer_idx is None:
-        raise InputError("the attention module has no layer_idx to find its cache layer by")
-    layers = cache.layers
-    return layers[layer_idx] if layer_idx < len(layers) else None
-
-
-def _held(layer: Any, qp: torch.Tensor, batch: int) -> torch.Tensor | None:
-    """The positions of the keys a cache layer holds (None when it holds none), checked."""
-    if layer is None or not getattr(layer, "is_initialized", False):
-        return None
-    stored, rows = layer.keys.shape[-2], layer.keys.shape[0]
-    if stored and batch != rows:
-        raise InputError(f"the call is for {batch} sequences, the cache holds {rows}")
-    record = getattr(layer, _RECORD, None)
-    if record is None:
-        if not stored:
-            return None
-        raise InputError(
-            "this cache holds keys that patch_extension did not write (rotated by transformers); "
-            "start a new cache (or none) with the patched model"
-        )
-    if layer.__dict__.get("_posemb_keys") is not layer.keys:
-        # Changed outside the patched attention (crop, reorder, offload): positions shared by
-        # every row survive it; per-row positions cannot be matched to reordered rows.
-        if record.shape[0] > 1 and not bool((record == record[:1]).all()):
-            raise InputError(
-                "this cache was cropped or reordered outside the patched attention, and its "
-                "rows hold keys at different positions; patch_extension cannot tell which row "
-                "is which"
-            )
-        record = record[:1, :stored] if record.shape[1] >= stored else None
-        if record is None:
-            raise InputError("this cache holds more keys than patch_extension recorded")
-    if record.shape[1] != stored:
-        raise InputError(
-            f"this cache layer holds {stored} keys but patch_extension recorded {record.shape[1]}"
-        )
-    return record
-
-
-def _join(held: torch.Tensor, qp: torch.Tensor) -> torch.Tensor:
-    b = max(held.shape[0], qp.shape[0])
-    if {held.shape[0], qp.shape[0]} - {1, b}:
-        raise InputError(
-            f"position_ids are for {qp.shape[0]} sequences, the cache holds {held.shape[0]}"
-        )
-    return torch.cat((held.expand(b, -1), qp.to(held.device).expand(b, -1)), dim=1)
-
-
-def _checked_update(self: Any, *args: Any, **kwargs: Any) -> Any:
-    if not _inside.get():
-        raise InputError(
-            "this cache holds unrotated keys written under hf.patch_extension; the attention "
-            "extending it now would read them as rotated. Patch the model again to go on, or "
-            "start a new cache"
-        )
-    return super(type(self), self).update(*args, **kwargs)
-
-
-_tagged: dict[type, type] = {}
-
-
-def _tagged_class(base: type) -> type:
-    """A subclass of a transformers cache layer whose ``update`` refuses plain attention."""
-    if base not in _tagged:
-        cls = type(f"Unrotated{base.__name__}", (base,), {"update": _checked_update})
-        cls.__module__ = __name__
-        _tagged[base] = cls
-    return _tagged[base]
-
-
-def _tag(layer: Any) -> None:
-    base = type(layer)
-    if base.__module__ != __name__:
-        layer.__class__ = _tagged_class(base)
 
 
 def __getattr__(name: str) -> type:
@@ -281,7 +190,7 @@ def __getattr__(name: str) -> type:
 
         base = getattr(cache_utils, name.removeprefix("Unrotated"), None)
         if isinstance(base, type):
-            return _tagged_class(base)
+            return tagged_class(base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -356,10 +265,56 @@ def _plan(model: nn.Module, method: Extension) -> list[tuple[str, nn.Module, Rot
             raise InputError(
                 f"{name} has head_dim {module.head_dim}, its config's RoPE {rope.head_dim}"
             )
+        _same_width(model, layer_type if kinds else None, rope)
         plan.append((name, module, rope))
     if not plan:
         raise InputError(f"no attention of this {type(model).__name__} rotates q and k by RoPE")
     return plan
+
+
+def _same_width(model: nn.Module, layer_type: str | None, rope: RotaryEmbedding) -> None:
+    """Refuse a config whose rotary width transformers does not use: its rotary module's
+    ``inv_freq`` has one entry per rotated pair (Llama and Qwen3 ignore
+    ``partial_rotary_factor`` and rotate the whole head; posemb reads the config's width)."""
+    names = ("inv_freq",) if layer_type is None else (f"{layer_type}_inv_freq", "inv_freq")
+    for module in model.modules():
+        if not type(module).__name__.endswith("RotaryEmbedding"):
+            continue
+        buffers = dict(module.named_buffers(recurse=False))
+        inv = next((buffers[n] for n in names if n in buffers), None)
+        if inv is not None and 2 * inv.numel() != rope.rotary_dim:
+            raise InputError(
+                f"transformers' {type(module).__name__} rotates {2 * inv.numel()} channels of "
+                f"each head, the config's RoPE {rope.rotary_dim} (partial_rotary_factor, which "
+                f"this family ignores); patch_extension refuses the disagreement: remove "
+                f"partial_rotary_factor from the config, or set it to what the model rotates"
+            )
+        return
+
+
+def _text_model(model: nn.Module, modules: list[nn.Module]) -> nn.Module | None:
+    """The module whose ``layers`` hold the patched attention (the decoder the cache is
+    passed to), or None."""
+    inside_ = {id(m) for m in modules}
+    for candidate in model.modules():
+        layers = getattr(candidate, "layers", None)
+        if isinstance(layers, nn.ModuleList) and any(id(m) in inside_ for m in layers.modules()):
+            return candidate
+    return None
+
+
+def _hook(model: nn.Module, plan: list[tuple[str, nn.Module, RotaryEmbedding]]) -> None:
+    """Install (or refresh) the pre-hook that checks the cache whole before layer 0 runs."""
+    text = _text_model(model, [module for _, module, _ in plan])
+    if text is None:
+        return
+    indices = sorted(
+        {m.layer_idx for _, m, _ in plan if isinstance(getattr(m, "layer_idx", None), int)}
+    )
+    old = text.__dict__.get(_HOOK)
+    if old is not None:
+        old.remove()
+    text.__dict__[_HOOK] = text.register_forward_pre_hook(CacheCheck(indices), with_kwargs=True)
 
 
 def patch_extension(model: nn.Module, method: Extension) -> list[str]:
@@ -393,6 +348,7 @@ def patch_extension(model: nn.Module, method: Extension) -> list[str]:
             current.method = method
         else:
             module.forward = ExtendedForward(module, method, rope)
+    _hook(model, plan)
     return [name for name, _, _ in plan]
 
 
@@ -405,6 +361,9 @@ def unpatch_extension(model: nn.Module) -> list[str]:
         if isinstance(module.__dict__.get("forward"), ExtendedForward):
             del module.forward
             restored.append(name)
+        handle = module.__dict__.pop(_HOOK, None)
+        if handle is not None:
+            handle.remove()
     return restored
 
 

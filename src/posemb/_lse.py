@@ -1,0 +1,319 @@
+"""Attention over key ranges taken by fused calls, merged exactly by log-sum-exp.
+
+Training-free extension rotates each (query, key) pair by one of a few *position sets*; the
+pairs a set gives form, for every query, one contiguous range of keys (when the keys' positions
+increase along the sequence). So the attention is a sum over ranges: for a block of queries and
+each set, a fused attention call over the columns its ranges span returns its output and the
+log-sum-exp of its rows, and the calls combine exactly as ``out = sum_c exp(lse_c - lse) out_c``
+with ``lse = logsumexp_c(lse_c)`` (the identity flash attention's split-K and ring attention
+rest on). Where a call's ranges differ row by row, a small additive mask of that call's tile
+says which keys it covers; where every row of the block sees the same columns, there is none.
+No ``(q_len, k_len)`` tensor exists: the largest is a call's mask tile.
+
+The backward needs no gradient of the log-sum-exp: each call's backward kernel, handed the
+*merged* output and log-sum-exp, recomputes that call's share of the merged softmax and the
+merged ``rowsum(dO * out)``, which is the exact gradient of the merged attention restricted to
+that call's keys (how ring attention's backward is built).
+
+The fused kernel is PyTorch's: on the CPU its flash kernel (``aten._scaled_dot_product_flash_
+attention_for_cpu``, which returns the log-sum-exp and has its backward); elsewhere the same
+calls run as explicit tiles (:func:`_math_forward`), exact and bounded in memory by the tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INF = float("inf")
+# A block's queries: at most this many rows per call (and a masked call's tile at most
+# _TILE elements per head, its columns split to stay under it).
+_ROWS = 512
+_LEAF = 64
+_TILE = 1 << 21
+
+
+@dataclass(frozen=True)
+class Call:
+    """One fused call: queries ``r0:r1`` of set ``s`` against keys ``c0:c1``; ``masked`` when
+    the rows' ranges (or padding, or a bias) differ across the tile."""
+
+    s: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    masked: bool
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """What every call's mask is made from: per set, the first and one-past-last key index each
+    query sees, ``(B, q_len)`` int64 on the CPU (B is 1 or the batch); key padding ``(batch,
+    k_len)`` bool (True: hidden) or None; an additive bias broadcasting to ``(batch, heads,
+    q_len, k_len)`` (-inf where hidden) or None."""
+
+    starts: list[torch.Tensor]
+    ends: list[torch.Tensor]
+    pad: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    def clear(self, c0: int, c1: int) -> bool:
+        """Whether keys ``c0:c1`` need no mask beyond the ranges: no bias, no padding there."""
+        return self.bias is None and (self.pad is None or not bool(self.pad[:, c0:c1].any()))
+
+    def mask(self, c: Call, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The additive mask of call ``c``: ``(B, 1 or heads, rows, cols)``, 0 or -inf."""
+        cols = torch.arange(c.c0, c.c1)
+        a = self.starts[c.s][:, c.r0 : c.r1, None]
+        e = self.ends[c.s][:, c.r0 : c.r1, None]
+        seen = (cols >= a) & (cols < e)
+        if self.pad is not None:
+            seen = seen & ~self.pad[:, None, c.c0 : c.c1].cpu()
+        add = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, -INF)[:, None]
+        add = add.to(device)
+        if self.bias is not None:
+            add = add + hard(self.bias[..., c.r0 : c.r1, c.c0 : c.c1], dtype)
+        return add
+
+
+def hard(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention mask as an additive bias in ``dtype``: a bool mask (True: seen) is 0 or
+    -inf; an additive one is kept, its entries at or below half its dtype's lowest (the fill
+    transformers uses for a hidden key) made -inf, so a query hidden from every key is one."""
+    if bias.dtype == torch.bool:
+        return torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(~bias, -INF)
+    floor = torch.finfo(bias.dtype).min / 2
+    return bias.to(dtype).masked_fill(bias <= floor, -INF)
+
+
+def plan(ranges: Ranges, q_len: int) -> list[list[Call]]:
+    """The calls of each block of :data:`_ROWS` queries (see :func:`_calls`)."""
+    blocks = []
+    for r0 in range(0, q_len, _ROWS):
+        r1 = min(q_len, r0 + _ROWS)
+        calls: list[Call] = []
+        for s in range(len(ranges.starts)):
+            calls += _calls(ranges, s, r0, r1, 0, 1 << 62)
+        blocks.append(calls)
+    return blocks
+
+
+def _calls(ranges: Ranges, s: int, r0: int, r1: int, x0: int, x1: int) -> list[Call]:
+    """Set ``s``'s calls for queries ``r0:r1`` over keys ``x0:x1``: an unmasked call over
+    the core of columns every row sees whole (none where padding or a bias lies there), and
+    the edges on either side split by halving the rows until each half's columns are tight
+    (so a masked call computes few pairs it then hides), masked below :data:`_LEAF` rows."""
+    a = ranges.starts[s][:, r0:r1].clamp(x0, x1)
+    e = ranges.ends[s][:, r0:r1].clamp(x0, x1)
+    live = a < e
+    if not bool(live.any()):
+        return []
+    c0, c1 = int(a[live].min()), int(e[live].max())
+    lo, hi = int(a.max()), int(e.min())
+    if bool(live.all()) and hi - lo >= min(_LEAF, c1 - c0) and ranges.clear(lo, hi):
+        core = [Call(s, r0, r1, lo, hi, False)]
+        return _calls(ranges, s, r0, r1, c0, lo) + core + _calls(ranges, s, r0, r1, hi, c1)
+    if r1 - r0 > _LEAF:
+        mid = (r0 + r1) // 2
+        return _calls(ranges, s, r0, mid, c0, c1) + _calls(ranges, s, mid, r1, c0, c1)
+    width = max(1, _TILE // max(1, (r1 - r0) * a.shape[0]))
+    return [Call(s, r0, r1, x, min(c1, x + width), True) for x in range(c0, c1, width)]
+
+
+def _flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=mask, scale=scale
+    )
+    return out, lse
+
+
+def _flash_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
+    )
+    return grads[0], grads[1], grads[2]
+
+
+def _math_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused call written out on one tile: ``(out, lse)`` as the flash kernel returns them
+    (a row that sees nothing: zeros, its lse left to the caller); k and v may have fewer heads
+    (GQA), as for the flash kernel."""
+    k, v = _heads(k, q), _heads(v, q)
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        logits = logits + mask
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - lse.nan_to_num(neginf=0.0)[..., None])
+    return torch.matmul(p, v), lse
+
+
+def _math_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kv_heads = k.shape[1]
+    k, v = _heads(k, q), _heads(v, q)
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        logits = logits + mask
+    p = torch.exp(logits - lse[..., None])
+    d_v = torch.matmul(p.transpose(-1, -2), d_out)
+    d_p = torch.matmul(d_out, v.transpose(-1, -2))
+    d_s = p * (d_p - (d_out * out).sum(-1, keepdim=True)) * scale
+    d_k = torch.matmul(d_s.transpose(-1, -2), q)
+    return torch.matmul(d_s, k), _group_sum(d_k, kv_heads), _group_sum(d_v, kv_heads)
+
+
+def _heads(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """k or v repeated to q's heads (each kv head serving ``heads / kv_heads`` queries)."""
+    return x.repeat_interleave(q.shape[1] // x.shape[1], dim=1)
+
+
+def _group_sum(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    b, h = g.shape[:2]
+    return g.view(b, kv_heads, h // kv_heads, *g.shape[2:]).sum(2)
+
+
+def kernels_for(device: torch.device, fused: bool = True) -> tuple:
+    """The (forward, backward) pair the calls run with on ``device``."""
+    if fused and device.type == "cpu":
+        return _flash_forward, _flash_backward
+    return _math_forward, _math_backward
+
+
+def _tile(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    return x[:, :, lo:hi]
+
+
+class _Merged(torch.autograd.Function):
+    """The merged attention of every call; inputs: the sets' rotated queries and keys (each
+    with the full heads), then v. Gradients flow to each as :mod:`posemb._lse` describes."""
+
+    @staticmethod
+    def forward(ctx, blocks, ranges, scale, kernels, n_sets, *tensors):  # type: ignore[override]
+        qs, ks, v = tensors[:n_sets], tensors[n_sets : 2 * n_sets], tensors[-1]
+        forward, _ = kernels
+        b, h, q_len = qs[0].shape[:3]
+        out = v.new_zeros((b, h, q_len, v.shape[-1]))
+        lse = v.new_full((b, h, q_len), -INF)
+        for calls in blocks:
+            for c in calls:
+                mask = ranges.mask(c, v.dtype, v.device) if c.masked else None
+                o, m = forward(
+                    _tile(qs[c.s], c.r0, c.r1),
+                    _tile(ks[c.s], c.c0, c.c1),
+                    _tile(v, c.c0, c.c1),
+                    mask,
+                    scale,
+                )
+                if mask is not None:  # a row the mask hides whole reports lse 0: none
+                    seen = (mask > -INF).any(-1).expand_as(m)
+                    m = m.masked_fill(~seen, -INF)
+                _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
+        ctx.blocks, ctx.ranges, ctx.scale, ctx.kernels, ctx.n_sets = (
+            blocks,
+            ranges,
+            scale,
+            kernels,
+            n_sets,
+        )
+        ctx.save_for_backward(*tensors, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):  # type: ignore[override]
+        n = ctx.n_sets
+        saved = ctx.saved_tensors
+        qs, ks, v, out, lse = saved[:n], saved[n : 2 * n], saved[2 * n], saved[-2], saved[-1]
+        _, backward = ctx.kernels
+        blind = lse == -INF  # rows that saw no key: zero output, zero gradient
+        d_out = d_out.masked_fill(blind[..., None], 0.0).contiguous()
+        lse = lse.masked_fill(blind, INF)
+        d_qs = [torch.zeros_like(q) for q in qs]
+        d_ks = [torch.zeros_like(k) for k in ks]
+        d_v = torch.zeros_like(v)
+        for calls in ctx.blocks:
+            for c in calls:
+                mask = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else None
+                dq, dk, dv = backward(
+                    _tile(d_out, c.r0, c.r1),
+                    _tile(qs[c.s], c.r0, c.r1),
+                    _tile(ks[c.s], c.c0, c.c1),
+                    _tile(v, c.c0, c.c1),
+                    _tile(out, c.r0, c.r1),
+                    lse[:, :, c.r0 : c.r1],
+                    mask,
+                    ctx.scale,
+                )
+                d_qs[c.s][:, :, c.r0 : c.r1] += dq
+                d_ks[c.s][:, :, c.c0 : c.c1] += dk
+                d_v[:, :, c.c0 : c.c1] += dv
+        return (None, None, None, None, None, *d_qs, *d_ks, d_v)
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
+    """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place."""
+    total = torch.logaddexp(lse, m)
+    none = total == -INF
+    keep = torch.exp(lse - total).masked_fill_(none, 0.0)
+    take = torch.exp(m - total).masked_fill_(none, 0.0)
+    out.mul_(keep[..., None]).add_(o.to(out.dtype) * take[..., None])
+    lse.copy_(total)
+
+
+def attention(
+    qs: list[torch.Tensor],
+    ks: list[torch.Tensor],
+    v: torch.Tensor,
+    ranges: Ranges,
+    scale: float,
+    fused: bool = True,
+) -> torch.Tensor:
+    """Softmax attention whose query ``i`` takes its logits with key ``j`` from set ``s``
+    where ``ranges.starts[s][i] <= j < ranges.ends[s][i]`` (the sets' ranges disjoint), plus
+    ``ranges.bias``, with padded keys hidden.
+
+    Args:
+        qs: per set, queries ``(batch, heads, q_len, dim)`` rotated by its positions.
+        ks: per set, keys ``(batch, kv_heads, k_len, dim)``, kv_heads dividing heads.
+        v: ``(batch, kv_heads, k_len, v_dim)``.
+        ranges: see :class:`Ranges`.
+        scale: the logit scale.
+        fused: False runs the explicit tiles on the CPU too (what other devices run).
+
+    Returns:
+        ``(batch, heads, q_len, v_dim)`` in v's dtype; zeros for a query that sees no key.
+    """
+    d, dv = qs[0].shape[-1], v.shape[-1]
+    if dv != d and fused and v.device.type == "cpu":  # the flash kernel wants one head size
+        if dv < d:
+            return attention(qs, ks, _pad(v, d), ranges, scale)[..., :dv]
+        qs, ks = [_pad(q, dv) for q in qs], [_pad(k, dv) for k in ks]
+    blocks = plan(ranges, qs[0].shape[2])
+    kernels = kernels_for(v.device, fused)
+    return _Merged.apply(blocks, ranges, scale, kernels, len(qs), *qs, *ks, v)
+
+
+def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[-1]))

@@ -1,0 +1,110 @@
+"""The attention mask a ``transformers`` model hands its attention function, read as posemb's
+:class:`~posemb.extension.Visibility`: what :func:`posemb.hf.patch_extension` applies.
+
+transformers passes the mask in the form its ``attn_implementation`` wants, and each form means
+the same thing as transformers' own kernel for it reads it:
+
+- ``None``: causal (``is_causal``, from the call's keyword or the module) or bidirectional, the
+  sliding window in the ``sliding_window`` keyword (flash attention's form; sdpa's when the
+  causal flag suffices);
+- ``(batch, k_len)``: flash attention's padding mask, 1 where a key is a token, with the causal
+  flag and the window as above;
+- ``(batch, 1 or heads, q_len, k_len)`` bool (True: attend) or float, *added* to the logits
+  (eager and sdpa add it: a ``-1e4`` or ``-1e9`` fill lowers a logit, it does not hide the
+  key; ``finfo.min`` fills and ``-inf`` hide it). Causality and the window are in it already;
+- flex attention's ``BlockMask``: its ``mask_mod`` evaluated on the call's pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._errors import InputError
+from ..extension import Visibility
+
+
+def visibility(
+    module: nn.Module,
+    mask: object,
+    kwargs: dict[str, Any],
+    qp: torch.Tensor,
+    kp: torch.Tensor,
+    shape: tuple[int, int, int],
+) -> Visibility:
+    """What each query of one attention call may see.
+
+    Args:
+        module: the attention module (its ``is_causal``).
+        mask: the ``attention_mask`` transformers passed.
+        kwargs: the attention function's other keywords (``sliding_window``, ``is_causal``).
+        qp: query positions ``(batch or 1, q_len)``; kp: key positions ``(batch or 1, k_len)``.
+        shape: ``(batch, q_len, k_len)`` of the call.
+
+    Raises:
+        ValueError: a mask of another form or size (before any cache is touched when the patched
+            forward checks it with :func:`check_form`).
+    """
+    b, q_len, k_len = shape
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
+    window = kwargs.get("sliding_window")
+    window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
+    if mask is None:
+        return Visibility(causal=causal, window=window)
+    if _is_block_mask(mask):
+        return _from_dense(_dense_block_mask(mask, b, q_len, k_len), qp, kp, causal)
+    check_form(mask)
+    assert isinstance(mask, torch.Tensor)
+    if mask.shape[-1] != k_len:
+        raise InputError(
+            f"the attention mask covers {mask.shape[-1]} keys, the cache returned {k_len}; "
+            f"patch_extension needs a DynamicCache"
+        )
+    if mask.dim() == 2:
+        return Visibility(causal=causal, window=window, pad=mask == 0)
+    if mask.shape[-2] not in (1, q_len):
+        raise InputError(
+            f"the attention mask has {mask.shape[-2]} query rows, the call {q_len} queries"
+        )
+    return _from_dense(mask, qp, kp, causal)
+
+
+def check_form(mask: object) -> None:
+    """Refuse a mask no form above describes, naming what it is."""
+    if mask is None or _is_block_mask(mask):
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+        what = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise InputError(
+            f"attention_mask must be None, a (batch, k_len) padding mask, a (batch, 1, q_len, "
+            f"k_len) bool or additive mask or a flex BlockMask; got {what}"
+        )
+    if not (mask.dtype == torch.bool or mask.is_floating_point() or mask.dim() == 2):
+        raise InputError(f"a 4-D attention_mask must be bool or float, got {mask.dtype}")
+
+
+def _from_dense(mask: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor, causal: bool) -> Visibility:
+    """A 4-D mask as the bias; causal as well (so only past keys are visited) when the model
+    is causal and the mask hides every later key, as transformers' own masks do."""
+    if causal:
+        hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min / 2
+        later = (kp.unsqueeze(-2) > qp.unsqueeze(-1)).unsqueeze(1)  # (B, 1, q_len, k_len)
+        causal = bool((hidden | ~later).all())
+    return Visibility(causal=causal, bias=mask)
+
+
+def _is_block_mask(mask: object) -> bool:
+    return type(mask).__name__ == "BlockMask" and hasattr(mask, "mask_mod")
+
+
+def _dense_block_mask(mask: Any, b: int, q_len: int, k_len: int) -> torch.Tensor:
+    """A flex attention BlockMask as a bool ``(batch, 1, q_len, k_len)`` mask (True: attend),
+    from its ``mask_mod`` on every pair of the call."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    rows = mask.shape[0] if mask.shape[0] in (1, b) else b
+    dense = create_mask(mask.mask_mod, rows, 1, q_len, k_len, device=mask.kv_num_blocks.device)
+    return dense
