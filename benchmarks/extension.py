@@ -6,7 +6,11 @@ alternation with the plain path a model runs: RoPE on q and k, then
 of the per-pair ratios (the machines are shared and noisy; pairs see the same state). Beside
 the time, the peak memory one call adds above what its inputs hold: on CUDA the allocator's
 peak, on the CPU the process's peak resident set (reset before each call through
-``/proc/self/clear_refs``; Linux only, else not reported).
+``/proc/self/clear_refs``; Linux only, else not reported). On the CPU the memory is measured in
+a child process of this script with glibc's mmap threshold fixed at 128 KiB, so every tensor's
+memory is returned when it is freed and the resident set follows what is live (with the
+default, freed memory stays mapped and a second call's peak reads as zero); the times come
+from this process, where that setting would slow every allocation down.
 
 Usage: python benchmarks/extension.py [--lengths 2048 8192] [--repeats 5] [--threads N]
     [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--heads 8] [--kv-heads 2]
@@ -16,8 +20,13 @@ Usage: python benchmarks/extension.py [--lengths 2048 8192] [--repeats 5] [--thr
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -93,19 +102,74 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--methods", nargs="+", choices=sorted(methods()), default=None)
     p.add_argument("--reference", action="store_true", help="time the blocked reference path")
+    p.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.heads % a.kv_heads:
         p.error(f"--heads ({a.heads}) must be a multiple of --kv-heads ({a.kv_heads})")
     return a
 
 
+def _workload(
+    a: argparse.Namespace, n: int
+) -> tuple[Callable[[], object], dict[str, Callable[[], object]]]:
+    """The plain call and each method's call on the same q, k and v of length ``n``."""
+    device, dtype = torch.device(a.device), DTYPES[a.dtype]
+    rope = posemb.RotaryEmbedding(a.head_dim)
+    group = a.heads // a.kv_heads
+    torch.manual_seed(0)
+
+    def make(heads: int) -> torch.Tensor:
+        return torch.randn(1, heads, n, a.head_dim, device=device, dtype=dtype)
+
+    q, k, v = make(a.heads), make(a.kv_heads), make(a.kv_heads)
+
+    def plain() -> torch.Tensor:
+        qr, kr = rope(q, k)
+        kr, vv = kr.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return torch.nn.functional.scaled_dot_product_attention(qr, kr, vv, is_causal=True)
+
+    calls = {}
+    for name, method in methods().items():
+        if a.methods is None or name in a.methods:
+            calls[name] = functools.partial(
+                posemb.extended_attention, q, k, v, rope, method, fused=not a.reference
+            )
+    return plain, calls
+
+
+def _peaks(a: argparse.Namespace, n: int) -> dict[str, float]:
+    """Each call's peak MiB at length ``n``, measured in a child process (see above)."""
+    if sys.platform != "linux":
+        return {}
+    argv = [sys.executable, __file__, "--memory-child", "--lengths", str(n)]
+    argv += ["--device", a.device, "--dtype", a.dtype, "--heads", str(a.heads)]
+    argv += ["--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim)]
+    argv += ["--methods", *(a.methods or methods())] + (["--reference"] if a.reference else [])
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(a: argparse.Namespace) -> None:
+    plain, calls = _workload(a, a.lengths[0])
+    device = torch.device(a.device)
+    peaks = {}
+    with torch.no_grad():
+        for name, fn in {"plain": plain, **calls}.items():
+            fn()  # first call: one-time allocations (tables, kernels) are not the call's
+            peaks[name] = peak_mib(fn, device)
+    print(json.dumps(peaks))
+
+
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
+    if a.memory_child:
+        return _memory_child(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     from posemb.bench.kernels import cpu_model
 
-    device, dtype = torch.device(a.device), DTYPES[a.dtype]
+    device = torch.device(a.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     path = "reference (blocked)" if a.reference else "fused (LSE-merged)"
     print(
@@ -113,38 +177,21 @@ def main(argv: list[str] | None = None) -> None:
         f"/ {a.kv_heads} kv heads of {a.head_dim}; {where}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, Python {platform.python_version()}"
     )
-    rope = posemb.RotaryEmbedding(a.head_dim)
-    chosen = {n: m for n, m in methods().items() if a.methods is None or n in a.methods}
-    group = a.heads // a.kv_heads
     for n in a.lengths:
-        torch.manual_seed(0)
-
-        def make(heads: int, n: int = n) -> torch.Tensor:
-            return torch.randn(1, heads, n, a.head_dim, device=device, dtype=dtype)
-
-        q, k, v = make(a.heads), make(a.kv_heads), make(a.kv_heads)
-
-        def plain(q=q, k=k, v=v):
-            qr, kr = rope(q, k)
-            kr, vv = kr.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            return torch.nn.functional.scaled_dot_product_attention(qr, kr, vv, is_causal=True)
-
+        plain, calls = _workload(a, n)
+        peaks = _peaks(a, n) if device.type == "cpu" else {}
         with torch.no_grad():
             plain()
             base = statistics.median(_once(plain, device) for _ in range(a.repeats))
-            base_mem = peak_mib(plain, device)
-            for name, method in chosen.items():
-
-                def ext(method=method, q=q, k=k, v=v):
-                    return posemb.extended_attention(q, k, v, rope, method, fused=not a.reference)
-
+            base_mem = peaks.get("plain") if device.type == "cpu" else peak_mib(plain, device)
+            for name, ext in calls.items():
                 ext()
                 ratios, times = [], []
                 for _ in range(a.repeats):
                     r, t = _once(plain, device), _once(ext, device)
                     ratios.append(t / r)
                     times.append(t)
-                mem = peak_mib(ext, device)
+                mem = peaks.get(name) if device.type == "cpu" else peak_mib(ext, device)
                 memory = (
                     f"   peak {mem:7.1f} MiB (plain {base_mem:6.1f}, {mem / base_mem:4.1f}x)"
                     if mem is not None and base_mem
