@@ -107,8 +107,9 @@ def test_extended_attention_is_the_pair_by_pair_definition(method, case, q_len, 
 @pytest.mark.parametrize("method", METHODS, ids=IDS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "both-ways"])
 def test_query_blocks_and_column_boxes_change_nothing(method, causal, monkeypatch):
-    """Long inputs run in query blocks, each set's product over its own columns: forced here to
-    blocks of a few rows, with padding and per-sequence positions, forward and backward."""
+    """The reference path runs long inputs in query blocks, each set's product over its own
+    columns: forced here to blocks of a few rows, with padding and per-sequence positions,
+    forward and backward (the fused path's blocks: tests/test_extension_fused.py)."""
     if not causal and not method.bidirectional:
         pytest.skip("Dual Chunk Attention is causal only")
     monkeypatch.setattr(posemb.extension, "_BLOCK_ELEMENTS", 2 * 4 * 40 * 3)  # 3-row blocks
@@ -121,13 +122,13 @@ def test_query_blocks_and_column_boxes_change_nothing(method, causal, monkeypatc
     qp = kp[:, 20:36]
     pad = torch.zeros(2, 40, dtype=torch.bool)
     pad[1, :4] = True
-    got = extended_attention(q, k, v, rope, method, qp, kp, causal, pad)
+    got = extended_attention(q, k, v, rope, method, qp, kp, causal, pad, fused=False)
     if causal:  # the definitions are causal (both ways: the bidirectional test's mirror)
         plain = (t.detach() for t in (q, k, v))
         assert_close(got, reference_attention(*plain, rope, method, qp, kp, causal, pad), F64)
     grads = torch.autograd.grad(got.square().sum(), (q, k, v))
     monkeypatch.setattr(posemb.extension, "_BLOCK_ELEMENTS", 1 << 24)  # one block
-    whole = extended_attention(q, k, v, rope, method, qp, kp, causal, pad)
+    whole = extended_attention(q, k, v, rope, method, qp, kp, causal, pad, fused=False)
     assert_close(got, whole, F64)
     for a, b in zip(grads, torch.autograd.grad(whole.square().sum(), (q, k, v)), strict=True):
         assert_close(a, b, F64)
