@@ -58,6 +58,30 @@ class Ranges:
     ends: list[torch.Tensor]
     pad: torch.Tensor | None
     bias: torch.Tensor | None
+    first: tuple[int, ...] = ()  # per set: the key column its keys tensor starts at (0)
+
+    def span(self, s: int) -> tuple[int, int] | None:
+        """The key columns set ``s`` takes any pair from, or None for a set no query uses
+        (a decode step rotates only these keys for it)."""
+        live = self.starts[s] < self.ends[s]
+        if not bool(live.any()):
+            return None
+        return int(self.starts[s][live].min()), int(self.ends[s][live].max())
+
+    def keep(self, sets: list[int], first: list[int]) -> Ranges:
+        """Only ``sets``, their keys tensors starting at columns ``first``."""
+        return Ranges(
+            [self.starts[s] for s in sets],
+            [self.ends[s] for s in sets],
+            self.pad,
+            self.bias,
+            tuple(first),
+        )
+
+    def keys(self, ks: list[torch.Tensor], c: Call) -> torch.Tensor:
+        """Call ``c``'s keys from its set's tensor."""
+        at = self.first[c.s] if self.first else 0
+        return ks[c.s][:, :, c.c0 - at : c.c1 - at]
 
     def clear(self, c0: int, c1: int) -> bool:
         """Whether keys ``c0:c1`` need no mask beyond the ranges: no bias, no padding there."""
@@ -222,7 +246,7 @@ class _Merged(torch.autograd.Function):
                 mask = ranges.mask(c, v.dtype, v.device) if c.masked else None
                 o, m = forward(
                     _tile(qs[c.s], c.r0, c.r1),
-                    _tile(ks[c.s], c.c0, c.c1),
+                    ranges.keys(ks, c),
                     _tile(v, c.c0, c.c1),
                     mask,
                     scale,
@@ -259,7 +283,7 @@ class _Merged(torch.autograd.Function):
                 dq, dk, dv = backward(
                     _tile(d_out, c.r0, c.r1),
                     _tile(qs[c.s], c.r0, c.r1),
-                    _tile(ks[c.s], c.c0, c.c1),
+                    ctx.ranges.keys(ks, c),
                     _tile(v, c.c0, c.c1),
                     _tile(out, c.r0, c.r1),
                     lse[:, :, c.r0 : c.r1],
@@ -267,7 +291,7 @@ class _Merged(torch.autograd.Function):
                     ctx.scale,
                 )
                 d_qs[c.s][:, :, c.r0 : c.r1] += dq
-                d_ks[c.s][:, :, c.c0 : c.c1] += dk
+                ctx.ranges.keys(d_ks, c).add_(dk)
                 d_v[:, :, c.c0 : c.c1] += dv
         return (None, None, None, None, None, *d_qs, *d_ks, d_v)
 

@@ -509,10 +509,19 @@ def attend(
     ranges = _ranges(method, qp, kp, vis) if fused and not _checks.tracing() else None
     if ranges is None:
         return _reference(q, k, v, rope, method, qp, kp, vis, s, (inv, factor, dt)).to(out_dtype)
-    qs, ks = [], []
-    for q_at, k_at in method.set_positions(qp, kp):
+    qs, ks, used, first = [], [], [], []
+    for index, (q_at, k_at) in enumerate(method.set_positions(qp, kp)):
+        span = ranges.span(index)
+        if span is None:  # no query takes a pair from this set
+            continue
+        lo, hi = span  # a decode step rotates only the keys this set's pairs use
+        used.append(index)
+        first.append(lo)
         qs.append(_rotate(q, q_at, inv, factor, rope, dt, "auto"))
-        ks.append(_rotate(k, k_at, inv, factor, rope, dt, "auto"))
+        ks.append(_rotate(k[:, :, lo:hi], k_at[..., lo:hi], inv, factor, rope, dt, "auto"))
+    if not used:
+        return q.new_zeros((*q.shape[:3], v.shape[-1]))
+    ranges = ranges.keep(used, first)
     return _lse.attention(qs, ks, v.to(dt), ranges, s).to(out_dtype)
 
 
