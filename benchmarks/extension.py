@@ -29,15 +29,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-import posemb
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch and posemb are imported where used: `gpu.sh --dry-run` parses the arguments only.
+DTYPES = ("float32", "bfloat16", "float16")
+METHODS = ("selfextend", "rerope", "leaky rerope", "dca")
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -63,6 +67,8 @@ def _rss_kib(field: str) -> int | None:
 
 def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
     """MiB one call of ``fn`` takes at its peak above what was held before it."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
@@ -81,7 +87,10 @@ def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
     return None if before is None or peak is None else (peak - before) / 1024
 
 
-def methods() -> dict[str, posemb.extension.Extension]:
+def methods() -> dict[str, Any]:
+    """The extensions timed, by name (Self-Extend's and ReRoPE's window 128, DCA's chunks)."""
+    import posemb
+
     return {
         "selfextend": posemb.SelfExtend(group=8, window=128),
         "rerope": posemb.ReRoPE(window=128),
@@ -96,14 +105,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--methods", nargs="+", choices=sorted(methods()), default=None)
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=None)
     p.add_argument("--reference", action="store_true", help="time the blocked reference path")
     p.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--parse-only", action="store_true", help=argparse.SUPPRESS)  # gpu.sh
     a = p.parse_args(argv)
+    if a.parse_only:
+        sys.exit(0)
     if a.heads % a.kv_heads:
         p.error(f"--heads ({a.heads}) must be a multiple of --kv-heads ({a.kv_heads})")
     return a
@@ -113,7 +125,11 @@ def _workload(
     a: argparse.Namespace, n: int
 ) -> tuple[Callable[[], object], dict[str, Callable[[], object]]]:
     """The plain call and each method's call on the same q, k and v of length ``n``."""
-    device, dtype = torch.device(a.device), DTYPES[a.dtype]
+    import torch
+
+    import posemb
+
+    device, dtype = torch.device(a.device), getattr(torch, a.dtype)
     rope = posemb.RotaryEmbedding(a.head_dim)
     group = a.heads // a.kv_heads
     torch.manual_seed(0)
@@ -144,13 +160,15 @@ def _peaks(a: argparse.Namespace, n: int) -> dict[str, float]:
     argv = [sys.executable, __file__, "--memory-child", "--lengths", str(n)]
     argv += ["--device", a.device, "--dtype", a.dtype, "--heads", str(a.heads)]
     argv += ["--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim)]
-    argv += ["--methods", *(a.methods or methods())] + (["--reference"] if a.reference else [])
+    argv += ["--methods", *(a.methods or METHODS)] + (["--reference"] if a.reference else [])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _memory_child(a: argparse.Namespace) -> None:
+    import torch
+
     plain, calls = _workload(a, a.lengths[0])
     device = torch.device(a.device)
     peaks = {}
@@ -165,9 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     if a.memory_child:
         return _memory_child(a)
+    import torch
+
+    from posemb.bench.kernels import cpu_model
+
     if a.threads:
         torch.set_num_threads(a.threads)
-    from posemb.bench.kernels import cpu_model
 
     device = torch.device(a.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one GPU check: every test file with a CUDA or Triton parametrization, the four benches
-# and a 50-second `posemb lab --preset gpu` smoke, each step under its own time limit, the
+# The one GPU check: every test file with a CUDA or Triton parametrization, the four benches,
+# a 40-second `posemb lab --preset gpu` smoke and the extension benchmark, each step under its own time limit, the
 # whole under 6 minutes on one H200. It writes two files to $OUT (or ./gpu-results): one
 # archive of everything the steps wrote, and summary.txt (each step's exit code and time,
 # the tests' pass/fail counts and the benches' headline ratios), printed last. A step that
@@ -61,10 +61,18 @@ check() {
         '' | *[!0-9]*) echo "$name: time limit '$limit' is not a number of seconds" >&2; ok=1 ;;
     esac
     LIMITS=$((LIMITS + ${limit//[!0-9]/0}))
-    # Every step is "$PY -m posemb ..." or "$PY -m pytest ...": what this check can read.
+    # Every step is "$PY -m posemb ...", "$PY -m pytest ..." or "$PY benchmarks/X.py ...":
+    # what this check can read.
+    if [ "${1:-}" = "$PY" ] && [[ "${2:-}" == benchmarks/*.py ]]; then
+        [ -e "$2" ] || { echo "$name: no file $2" >&2; return 1; }
+        "$PY" "$2" --parse-only "${@:3}" > /dev/null ||
+            { echo "$name: $2 ${*:3} does not parse" >&2; return 1; }
+        echo "ok   $name"
+        return 0
+    fi
     if [ "${1:-}" != "$PY" ] || [ "${2:-}" != "-m" ] || { [ "${3:-}" != posemb ] &&
         [ "${3:-}" != pytest ]; }; then
-        echo "$name: '$*' is not \$PY -m posemb or \$PY -m pytest" >&2
+        echo "$name: '$*' is not \$PY -m posemb, \$PY -m pytest or \$PY benchmarks/X.py" >&2
         return 1
     fi
     for arg in "$@"; do
@@ -140,17 +148,20 @@ if "$PY" -c "import xdist" 2> /dev/null; then XDIST=(-n 8); fi
 # Triton ops, CUDA-graph capture and no host sync (tests/test_gpu.py).
 step tests 150 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${TESTS[@]}"
 # 2. The kernel alone: every shape, fp32 and bf16, forward, backward and both, against a copy.
-step bench 50 "$PY" -m posemb bench --device cuda --out "$WORK/bench-gpu.csv"
+step bench 45 "$PY" -m posemb bench --device cuda --out "$WORK/bench-gpu.csv"
 # 3. Inside a transformers Llama, bf16: eager, patch_rotary, fused, Liger.
-step bench-hf 40 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$WORK/bench-hf.csv"
+step bench-hf 35 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$WORK/bench-hf.csv"
 # 4. Decode at Llama 3.1 8B's shapes, batch 1 and 8, per layer, per step and per model.
 step bench-decode 40 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
     --out "$WORK/bench-decode.csv"
 # 5. QK-norm + RoPE at prefill shapes.
 step bench-norm 25 "$PY" -m posemb bench --norm --device cuda --out "$WORK/bench-norm.csv"
 # 6. The lab's GPU preset, cut to a smoke: a few steps of two variants, loss only.
-step lab 50 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
+step lab 40 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
     --out "$WORK/lab"
+# 7. Training-free extension against RoPE + SDPA at issue 48's shapes, with peak memory.
+step ext 25 "$PY" benchmarks/extension.py --device cuda --dtype bfloat16 --heads 32 \
+    --kv-heads 8 --head-dim 128 --lengths 4096 16384 --repeats 3
 
 if [ "$DRY" = 1 ]; then
     parse_recorded || FAILED=1

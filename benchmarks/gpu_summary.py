@@ -124,6 +124,20 @@ def norm(work: pathlib.Path) -> list[str]:
     return lines
 
 
+def extension(work: pathlib.Path) -> list[str]:
+    """Each method's time against RoPE + SDPA at the longest length (target <= 3x)."""
+    path = work / "ext.txt"
+    found = re.findall(
+        r"L=\s*(\d+) (\S+(?: rerope)?)\s.*?ratio\s+([\d.]+)x",
+        path.read_text() if path.exists() else "",
+    )
+    if not found:
+        return ["extension: -"]
+    longest = max(int(n) for n, _, _ in found)
+    parts = [f"{m} {r}x" for n, m, r in found if int(n) == longest]
+    return [f"extension at {longest} tokens vs RoPE + SDPA (target <= 3x): " + ", ".join(parts)]
+
+
 def summary(work: pathlib.Path) -> str:
     """The whole summary of the run in ``work``."""
     machine = (work / "machine.txt").read_text().strip() if (work / "machine.txt").exists() else ""
@@ -135,6 +149,7 @@ def summary(work: pathlib.Path) -> str:
         *rotation(work),
         *decode(work),
         *norm(work),
+        *extension(work),
     ]
     return "\n".join(parts)
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posemb
-from posemb import _lse
+from posemb import _lse, _lse_kernels
 from posemb.extension import (
     DualChunk,
     ReRoPE,
@@ -218,3 +218,60 @@ def test_no_tensor_grows_with_q_len_times_k_len(method, monkeypatch):
         out = extended_attention(q, k, v, rope, method, key_padding_mask=pad)
         out.sum().backward()
     assert seen.largest <= n * n // 8
+
+
+class _FakeEfficient:
+    """The memory-efficient CUDA kernel's contract as PyTorch states it, on the CPU: one head
+    count, bias rows 16-element aligned, the log-sum-exp padded to 32 rows (garbage there)."""
+
+    @staticmethod
+    def forward(q, k, v, bias, compute_lse, dropout, is_causal, *, scale):
+        assert compute_lse and dropout == 0 and not is_causal
+        assert q.shape[1] == k.shape[1] == v.shape[1], "one head count"
+        assert bias is None or bias.stride(-2) % 16 == 0, "attn_bias is not correctly aligned"
+        out, lse = _lse_kernels._math_forward(q, k, v, bias, scale)
+        rows = q.shape[2]
+        padded = torch.full((*lse.shape[:2], rows + -rows % 32), torch.inf, dtype=torch.float32)
+        padded[..., :rows] = lse
+        return out, padded, torch.empty(()), torch.empty(())
+
+    @staticmethod
+    def backward(d_out, q, k, v, bias, out, lse, seed, offset, dropout, mask, is_causal, *, scale):
+        assert lse.shape[-1] % 32 == 0 and list(mask) == [True, True, True, False]
+        assert q.shape[1] == k.shape[1]
+        assert bias is None or bias.stride(-2) % 16 == 0
+        grads = _lse_kernels._math_backward(
+            d_out, q, k, v, out, lse[..., : q.shape[2]], bias, scale
+        )
+        return (*grads, None)
+
+
+def test_the_cuda_kernel_glue_against_its_stated_contract(monkeypatch):
+    """The CUDA path (never run on a GPU when written) through a stand-in honouring the
+    kernel's contract: heads repeated and summed back, bias aligned, lse cut and re-padded."""
+    monkeypatch.setattr(_lse_kernels, "_efficient_op", _FakeEfficient.forward)
+    monkeypatch.setattr(_lse_kernels, "_efficient_op_backward", _FakeEfficient.backward)
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], torch.float32, seed=3)
+
+    def run(fused):
+        if fused:
+            monkeypatch.setattr(_lse, "kernel_for", lambda *a, **kw: _lse_kernels.EFFICIENT_CUDA)
+        else:
+            monkeypatch.setattr(_lse, "kernel_for", _lse_kernels.kernel_for)
+        return extended_attention(q, k, v, rope, METHODS[0], qp, kp, True, pad)
+
+    _close(_both(q, k, v, run), torch.float32)
+    q32 = torch.randn(1, 2, 3, 8)
+    assert _lse_kernels._agrees(_lse_kernels.EFFICIENT_CUDA, q32, q32)
+
+
+def test_a_kernel_failing_its_first_use_check_is_set_aside_with_a_warning():
+    def wrong(q, k, v, mask, scale):
+        out, lse = _lse_kernels._math_forward(q, k, v, mask, scale)
+        return out + 1e-3, lse
+
+    bad = _lse_kernels.Kernel("wrong", wrong, _lse_kernels._math_backward)
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.warns(RuntimeWarning, match="first-use check"):
+        assert not _lse_kernels._agrees(bad, q, q)

@@ -247,3 +247,28 @@ def test_a_packed_batch_of_more_than_65535_sequences():
     )
     assert_close(got_q, want_q, torch.float32)
     assert_close(got_k, want_k, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extended_attention_on_the_gpu_is_its_reference(dtype):
+    """Issue 48's CUDA path: the memory-efficient kernel passes its first-use check (no
+    fallback to the explicit tiles) and gives the blocked reference's output and gradients."""
+    import warnings
+
+    from posemb import _lse_kernels
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 700, 64, generator=g) for h in (8, 2, 2))
+    q, k, v = (t.to(DEV, dtype).requires_grad_() for t in (q, k, v))
+    rope = posemb.RotaryEmbedding(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert _lse_kernels.kernel_for(q, v) is _lse_kernels.EFFICIENT_CUDA
+    for method in (posemb.SelfExtend(group=4, window=64), posemb.DualChunk(256, 32)):
+        runs = []
+        for fused in (True, False):
+            out = posemb.extended_attention(q, k, v, rope, method, fused=fused)
+            runs.append((out, *torch.autograd.grad(out.float().square().sum(), (q, k, v))))
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        for a, b in zip(*runs, strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)

@@ -37,7 +37,8 @@ def test_the_dry_run_fails_on_a_missing_test_file_or_a_wrong_flag(tmp_path):
     copy = tmp_path / "repo"
     (copy / "benchmarks").mkdir(parents=True)
     shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "benchmarks" / "gpu_summary.py", copy / "benchmarks")
+    for script in ("gpu_summary.py", "extension.py"):
+        shutil.copy(ROOT / "benchmarks" / script, copy / "benchmarks")
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     (copy / "tests" / "test_bias.py").unlink()
     (copy / "benchmarks" / "gpu.sh").write_text(script.replace("--repeats 50", "--repeatz 50"))
@@ -57,16 +58,18 @@ def test_the_dry_run_fails_on_a_missing_test_file_or_a_wrong_flag(tmp_path):
             "tests: pytest flags do not parse",
         ),
         ("step bench-norm 25", "step bench-norm abc", "bench-norm: time limit 'abc' is not"),
-        ('step lab 50 "$PY"', 'step lab 50 timeot "$PY"', "lab: 'timeot"),
-        ("step tests 150", "step tests 250", "limits add up to 455 s"),
+        ('step lab 40 "$PY"', 'step lab 40 timeot "$PY"', "lab: 'timeot"),
+        ("step tests 150", "step tests 250", "limits add up to 460 s"),
+        ("--kv-heads 8 --head-dim", "--kv-heads 8 --head-dimm", "ext: benchmarks/extension.py"),
     ],
-    ids=["pytest-flag", "limit", "command", "six-minutes"],
+    ids=["pytest-flag", "limit", "command", "six-minutes", "script-flag"],
 )
 def test_the_dry_run_fails_on_each_kind_of_mistake(tmp_path, old, new, said):
     copy = tmp_path / "repo"
     (copy / "benchmarks").mkdir(parents=True)
     shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "benchmarks" / "gpu_summary.py", copy / "benchmarks")
+    for script in ("gpu_summary.py", "extension.py"):
+        shutil.copy(ROOT / "benchmarks" / script, copy / "benchmarks")
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     assert old in script
     (copy / "benchmarks" / "gpu.sh").write_text(script.replace(old, new))
@@ -101,7 +104,14 @@ def test_the_summary_reads_exit_codes_counts_and_paired_ratios(tmp_path):
         {"part": "model", "batch": "8", "method": "patch_rotary fused", "vs_transformers": "0.9"},
         {"part": "layer", "batch": "1", "method": "posemb kernels.rotate", "host_us": "21.5"},
     ])  # fmt: skip
+    (tmp_path / "ext.txt").write_text(
+        "extended_attention [fused (LSE-merged)] vs RoPE + SDPA (causal), bfloat16, ...\n"
+        "  L=  4096 selfextend     9.0 ms   plain     1.0 ms   ratio  9.00x\n"
+        "  L= 16384 selfextend    30.0 ms   plain    10.0 ms   ratio  3.10x   peak 1.0 MiB\n"
+        "  L= 16384 leaky rerope  20.0 ms   plain    10.0 ms   ratio  2.00x\n"
+    )
     text = gpu_summary.summary(tmp_path)
+    assert "at 16384 tokens vs RoPE + SDPA (target <= 3x): selfextend 3.10x, leaky rerope" in text
     assert "tests          exit   1   140 s of 150  FAILED" in text
     assert "bench          exit 124    50 s of  50  OUT OF TIME" in text
     assert "lab            exit   0    31 s of  60  ok" in text

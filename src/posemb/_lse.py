@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._lse_kernels import Kernel, kernel_for
+
 INF = float("inf")
 # A block's queries: at most this many rows per call (and a masked call's tile at most
 # _TILE elements per head, its columns split to stay under it).
@@ -146,86 +148,6 @@ def _calls(ranges: Ranges, s: int, r0: int, r1: int, x0: int, x1: int) -> list[C
     return [Call(s, r0, r1, x, min(c1, x + width), True) for x in range(c0, c1, width)]
 
 
-def _flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=mask, scale=scale
-    )
-    return out, lse
-
-
-def _flash_backward(
-    d_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
-    )
-    return grads[0], grads[1], grads[2]
-
-
-def _math_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused call written out on one tile: ``(out, lse)`` as the flash kernel returns them
-    (a row that sees nothing: zeros, its lse left to the caller); k and v may have fewer heads
-    (GQA), as for the flash kernel."""
-    k, v = _heads(k, q), _heads(v, q)
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is not None:
-        logits = logits + mask
-    lse = torch.logsumexp(logits, dim=-1)
-    p = torch.exp(logits - lse.nan_to_num(neginf=0.0)[..., None])
-    return torch.matmul(p, v), lse
-
-
-def _math_backward(
-    d_out: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kv_heads = k.shape[1]
-    k, v = _heads(k, q), _heads(v, q)
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is not None:
-        logits = logits + mask
-    p = torch.exp(logits - lse[..., None])
-    d_v = torch.matmul(p.transpose(-1, -2), d_out)
-    d_p = torch.matmul(d_out, v.transpose(-1, -2))
-    d_s = p * (d_p - (d_out * out).sum(-1, keepdim=True)) * scale
-    d_k = torch.matmul(d_s.transpose(-1, -2), q)
-    return torch.matmul(d_s, k), _group_sum(d_k, kv_heads), _group_sum(d_v, kv_heads)
-
-
-def _heads(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """k or v repeated to q's heads (each kv head serving ``heads / kv_heads`` queries)."""
-    return x.repeat_interleave(q.shape[1] // x.shape[1], dim=1)
-
-
-def _group_sum(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    b, h = g.shape[:2]
-    return g.view(b, kv_heads, h // kv_heads, *g.shape[2:]).sum(2)
-
-
-def kernels_for(device: torch.device, fused: bool = True) -> tuple:
-    """The (forward, backward) pair the calls run with on ``device``."""
-    if fused and device.type == "cpu":
-        return _flash_forward, _flash_backward
-    return _math_forward, _math_backward
-
-
 def _tile(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return x[:, :, lo:hi]
 
@@ -235,12 +157,13 @@ class _Merged(torch.autograd.Function):
     with the full heads), then v. Gradients flow to each as :mod:`posemb._lse` describes."""
 
     @staticmethod
-    def forward(ctx, blocks, ranges, scale, kernels, n_sets, *tensors):  # type: ignore[override]
+    def forward(ctx, blocks, ranges, scale, kernel: Kernel, n_sets, *tensors):  # type: ignore[override]
         qs, ks, v = tensors[:n_sets], tensors[n_sets : 2 * n_sets], tensors[-1]
-        forward, _ = kernels
+        forward = kernel.forward
         b, h, q_len = qs[0].shape[:3]
-        out = v.new_zeros((b, h, q_len, v.shape[-1]))
-        lse = v.new_full((b, h, q_len), -INF)
+        wide = torch.promote_types(v.dtype, torch.float32)  # merged in float32 or wider
+        out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
+        lse = v.new_full((b, h, q_len), -INF, dtype=wide)
         for calls in blocks:
             for c in calls:
                 mask = ranges.mask(c, v.dtype, v.device) if c.masked else None
@@ -251,17 +174,19 @@ class _Merged(torch.autograd.Function):
                     mask,
                     scale,
                 )
-                if mask is not None:  # a row the mask hides whole reports lse 0: none
+                if mask is not None:  # a row the mask hides whole has no lse (0 or nan)
                     seen = (mask > -INF).any(-1).expand_as(m)
                     m = m.masked_fill(~seen, -INF)
+                    o = o.masked_fill(~seen[..., None], 0.0)
                 _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
-        ctx.blocks, ctx.ranges, ctx.scale, ctx.kernels, ctx.n_sets = (
+        ctx.blocks, ctx.ranges, ctx.scale, ctx.kernel, ctx.n_sets = (
             blocks,
             ranges,
             scale,
-            kernels,
+            kernel,
             n_sets,
         )
+        out = out.to(v.dtype)
         ctx.save_for_backward(*tensors, out, lse)
         return out
 
@@ -270,13 +195,14 @@ class _Merged(torch.autograd.Function):
         n = ctx.n_sets
         saved = ctx.saved_tensors
         qs, ks, v, out, lse = saved[:n], saved[n : 2 * n], saved[2 * n], saved[-2], saved[-1]
-        _, backward = ctx.kernels
+        backward = ctx.kernel.backward
         blind = lse == -INF  # rows that saw no key: zero output, zero gradient
         d_out = d_out.masked_fill(blind[..., None], 0.0).contiguous()
         lse = lse.masked_fill(blind, INF)
-        d_qs = [torch.zeros_like(q) for q in qs]
-        d_ks = [torch.zeros_like(k) for k in ks]
-        d_v = torch.zeros_like(v)
+        wide = lse.dtype  # gradients summed over calls in float32 or wider
+        d_qs = [torch.zeros_like(q, dtype=wide) for q in qs]
+        d_ks = [torch.zeros_like(k, dtype=wide) for k in ks]
+        d_v = torch.zeros_like(v, dtype=wide)
         for calls in ctx.blocks:
             for c in calls:
                 mask = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else None
@@ -293,7 +219,8 @@ class _Merged(torch.autograd.Function):
                 d_qs[c.s][:, :, c.r0 : c.r1] += dq
                 ctx.ranges.keys(d_ks, c).add_(dk)
                 d_v[:, :, c.c0 : c.c1] += dv
-        return (None, None, None, None, None, *d_qs, *d_ks, d_v)
+        grads = [g.to(t.dtype) for g, t in zip((*d_qs, *d_ks, d_v), (*qs, *ks, v), strict=True)]
+        return (None, None, None, None, None, *grads)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
@@ -335,8 +262,8 @@ def attention(
             return attention(qs, ks, _pad(v, d), ranges, scale)[..., :dv]
         qs, ks = [_pad(q, dv) for q in qs], [_pad(k, dv) for k in ks]
     blocks = plan(ranges, qs[0].shape[2])
-    kernels = kernels_for(v.device, fused)
-    return _Merged.apply(blocks, ranges, scale, kernels, len(qs), *qs, *ks, v)
+    kernel = kernel_for(qs[0], v, fused)
+    return _Merged.apply(blocks, ranges, scale, kernel, len(qs), *qs, *ks, v)
 
 
 def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
