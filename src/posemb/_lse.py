@@ -24,11 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ._lse_kernels import Kernel, kernel_for
 
 INF = float("inf")
+# The log-sum-exp of a row a call hides whole: finite, so merging needs no nan handling, and
+# far below any real one (a row that sees nothing anywhere ends near it: zeros).
+BLIND = -1e30
 # A block's queries: at most this many rows per call (and a masked call's tile at most
 # _TILE elements per head, its columns split to stay under it).
 _ROWS = 512
@@ -52,13 +56,14 @@ class Call:
 @dataclass(frozen=True)
 class Ranges:
     """What every call's mask is made from: per set, the first and one-past-last key index each
-    query sees, ``(B, q_len)`` int64 on the CPU (B is 1 or the batch); key padding ``(batch,
-    k_len)`` bool (True: hidden) or None; an additive bias broadcasting to ``(batch, heads,
-    q_len, k_len)`` (-inf where hidden) or None."""
+    query sees, ``(B, q_len)`` int64 NumPy arrays (B is 1 or the batch); key padding ``(batch,
+    k_len)`` bool NumPy array (True: hidden) or None; an additive bias tensor broadcasting to
+    ``(batch, heads, q_len, k_len)`` (see :func:`hard`) or None. NumPy: planning a long call
+    takes thousands of small reads, each ~10x cheaper there than a tensor op."""
 
-    starts: list[torch.Tensor]
-    ends: list[torch.Tensor]
-    pad: torch.Tensor | None
+    starts: list[np.ndarray]
+    ends: list[np.ndarray]
+    pad: np.ndarray | None
     bias: torch.Tensor | None
     first: tuple[int, ...] = ()  # per set: the key column its keys tensor starts at (0)
 
@@ -66,7 +71,7 @@ class Ranges:
         """The key columns set ``s`` takes any pair from, or None for a set no query uses
         (a decode step rotates only these keys for it)."""
         live = self.starts[s] < self.ends[s]
-        if not bool(live.any()):
+        if not live.any():
             return None
         return int(self.starts[s][live].min()), int(self.ends[s][live].max())
 
@@ -87,21 +92,29 @@ class Ranges:
 
     def clear(self, c0: int, c1: int) -> bool:
         """Whether keys ``c0:c1`` need no mask beyond the ranges: no bias, no padding there."""
-        return self.bias is None and (self.pad is None or not bool(self.pad[:, c0:c1].any()))
+        return self.bias is None and (self.pad is None or not self.pad[:, c0:c1].any())
 
-    def mask(self, c: Call, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """The additive mask of call ``c``: ``(B, 1 or heads, rows, cols)``, 0 or -inf."""
-        cols = torch.arange(c.c0, c.c1)
+    def mask(
+        self, c: Call, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The additive mask of call ``c``, ``(B, 1 or heads, rows, cols)``, 0 or -inf; and
+        the rows it hides whole (``(B, 1 or heads, rows)`` bool), or None if none."""
+        cols = np.arange(c.c0, c.c1)
         a = self.starts[c.s][:, c.r0 : c.r1, None]
         e = self.ends[c.s][:, c.r0 : c.r1, None]
         seen = (cols >= a) & (cols < e)
         if self.pad is not None:
-            seen = seen & ~self.pad[:, None, c.c0 : c.c1].cpu()
-        add = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, -INF)[:, None]
-        add = add.to(device)
+            seen = seen & ~self.pad[:, None, c.c0 : c.c1]
+        fill = np.where(seen, 0.0, -np.inf)[:, None]
+        add = torch.from_numpy(fill).to(device, dtype)
         if self.bias is not None:
             add = add + hard(self.bias[..., c.r0 : c.r1, c.c0 : c.c1], dtype)
-        return add
+            blind = (add == -INF).all(-1)
+            return add, blind if bool(blind.any()) else None
+        blind_rows = ~seen.any(-1)
+        if not blind_rows.any():
+            return add, None
+        return add, torch.from_numpy(blind_rows[:, None]).to(device)
 
 
 def hard(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -131,14 +144,14 @@ def _calls(ranges: Ranges, s: int, r0: int, r1: int, x0: int, x1: int) -> list[C
     the core of columns every row sees whole (none where padding or a bias lies there), and
     the edges on either side split by halving the rows until each half's columns are tight
     (so a masked call computes few pairs it then hides), masked below :data:`_LEAF` rows."""
-    a = ranges.starts[s][:, r0:r1].clamp(x0, x1)
-    e = ranges.ends[s][:, r0:r1].clamp(x0, x1)
+    a = ranges.starts[s][:, r0:r1].clip(x0, x1)
+    e = ranges.ends[s][:, r0:r1].clip(x0, x1)
     live = a < e
-    if not bool(live.any()):
+    if not live.any():
         return []
     c0, c1 = int(a[live].min()), int(e[live].max())
     lo, hi = int(a.max()), int(e.min())
-    if bool(live.all()) and hi - lo >= min(_LEAF, c1 - c0) and ranges.clear(lo, hi):
+    if live.all() and hi - lo >= min(_LEAF, c1 - c0) and ranges.clear(lo, hi):
         core = [Call(s, r0, r1, lo, hi, False)]
         return _calls(ranges, s, r0, r1, c0, lo) + core + _calls(ranges, s, r0, r1, hi, c1)
     if r1 - r0 > _LEAF:
@@ -166,7 +179,7 @@ class _Merged(torch.autograd.Function):
         lse = v.new_full((b, h, q_len), -INF, dtype=wide)
         for calls in blocks:
             for c in calls:
-                mask = ranges.mask(c, v.dtype, v.device) if c.masked else None
+                mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
                 o, m = forward(
                     _tile(qs[c.s], c.r0, c.r1),
                     ranges.keys(ks, c),
@@ -174,11 +187,12 @@ class _Merged(torch.autograd.Function):
                     mask,
                     scale,
                 )
-                if mask is not None:  # a row the mask hides whole has no lse (0 or nan)
-                    seen = (mask > -INF).any(-1).expand_as(m)
-                    m = m.masked_fill(~seen, -INF)
-                    o = o.masked_fill(~seen[..., None], 0.0)
+                if blind is not None:  # a row the mask hides whole has no lse (0 or nan)
+                    blind = blind.expand_as(m)
+                    m = m.masked_fill(blind, BLIND)
+                    o = o.masked_fill(blind[..., None], 0.0)
                 _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
+        lse.masked_fill_(lse < BLIND / 2, -INF)  # rows that saw no key anywhere
         ctx.blocks, ctx.ranges, ctx.scale, ctx.kernel, ctx.n_sets = (
             blocks,
             ranges,
@@ -205,7 +219,7 @@ class _Merged(torch.autograd.Function):
         d_v = torch.zeros_like(v, dtype=wide)
         for calls in ctx.blocks:
             for c in calls:
-                mask = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else None
+                mask = ctx.ranges.mask(c, v.dtype, v.device)[0] if c.masked else None
                 dq, dk, dv = backward(
                     _tile(d_out, c.r0, c.r1),
                     _tile(qs[c.s], c.r0, c.r1),
@@ -224,12 +238,12 @@ class _Merged(torch.autograd.Function):
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
-    """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place."""
+    """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place (``m``
+    is finite: a blind row's is :data:`BLIND`)."""
     total = torch.logaddexp(lse, m)
-    none = total == -INF
-    keep = torch.exp(lse - total).masked_fill_(none, 0.0)
-    take = torch.exp(m - total).masked_fill_(none, 0.0)
-    out.mul_(keep[..., None]).add_(o.to(out.dtype) * take[..., None])
+    keep = torch.sub(lse, total).exp_().unsqueeze_(-1)
+    take = torch.sub(m, total).exp_().unsqueeze_(-1)
+    out.mul_(keep).add_(o * take)
     lse.copy_(total)
 
 

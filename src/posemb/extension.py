@@ -539,6 +539,7 @@ def _ranges(
     path serves it). Padded keys take the position before them (they are hidden anyway)."""
     qp2 = (qp if qp.dim() == 2 else qp.unsqueeze(0)).to("cpu", torch.int64)
     keys = (kp if kp.dim() == 2 else kp.unsqueeze(0)).to("cpu", torch.int64)
+    pad = None
     if vis.pad is not None:
         pad = vis.pad.to("cpu")
         keys = keys.expand(pad.shape[0], -1).masked_fill(pad, -_FAR)
@@ -556,9 +557,9 @@ def _ranges(
             if not vis.causal:
                 hi = torch.minimum(hi, qp2 + vis.window - 1)
         lo, hi = lo.expand(rows, -1).contiguous(), hi.expand(rows, -1).contiguous()
-        starts.append(torch.searchsorted(ordered, lo))
-        ends.append(torch.searchsorted(ordered, hi, right=True))
-    return _lse.Ranges(starts, ends, vis.pad, vis.bias)
+        starts.append(torch.searchsorted(ordered, lo).numpy())
+        ends.append(torch.searchsorted(ordered, hi, right=True).numpy())
+    return _lse.Ranges(starts, ends, None if pad is None else pad.numpy(), vis.bias)
 
 
 def _ordered_unpadded(keys: torch.Tensor, pad: torch.Tensor) -> bool:
