@@ -111,10 +111,10 @@ class Ranges:
             add = add + hard(self.bias[..., c.r0 : c.r1, c.c0 : c.c1], dtype)
             blind = (add == -INF).all(-1)
             return add, blind if bool(blind.any()) else None
-        blind_rows = ~seen.any(-1)
+        blind_rows = np.logical_not(seen.any(axis=-1))
         if not blind_rows.any():
             return add, None
-        return add, torch.from_numpy(blind_rows[:, None]).to(device)
+        return add, torch.from_numpy(np.expand_dims(blind_rows, 1)).to(device)
 
 
 def hard(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -170,7 +170,7 @@ class _Merged(torch.autograd.Function):
     with the full heads), then v. Gradients flow to each as :mod:`posemb._lse` describes."""
 
     @staticmethod
-    def forward(ctx, blocks, ranges, scale, kernel: Kernel, n_sets, *tensors):  # type: ignore[override]
+    def forward(ctx, blocks, ranges, scale, kernel: Kernel, n_sets, *tensors):
         qs, ks, v = tensors[:n_sets], tensors[n_sets : 2 * n_sets], tensors[-1]
         forward = kernel.forward
         b, h, q_len = qs[0].shape[:3]
@@ -205,7 +205,7 @@ class _Merged(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, d_out):  # type: ignore[override]
+    def backward(ctx, d_out):
         n = ctx.n_sets
         saved = ctx.saved_tensors
         qs, ks, v, out, lse = saved[:n], saved[n : 2 * n], saved[2 * n], saved[-2], saved[-1]

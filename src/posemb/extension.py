@@ -544,7 +544,7 @@ def _ranges(
         pad = vis.pad.to("cpu")
         keys = keys.expand(pad.shape[0], -1).masked_fill(pad, -_FAR)
     ordered = keys.cummax(-1).values
-    if not torch.equal(ordered, keys) and (vis.pad is None or not _ordered_unpadded(keys, pad)):
+    if not torch.equal(ordered, keys) and (pad is None or not _ordered_unpadded(keys, pad)):
         return None
     rows = max(qp2.shape[0], ordered.shape[0])
     ordered = ordered.expand(rows, -1).contiguous()

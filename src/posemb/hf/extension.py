@@ -308,9 +308,8 @@ def _hook(model: nn.Module, plan: list[tuple[str, nn.Module, RotaryEmbedding]]) 
     text = _text_model(model, [module for _, module, _ in plan])
     if text is None:
         return
-    indices = sorted(
-        {m.layer_idx for _, m, _ in plan if isinstance(getattr(m, "layer_idx", None), int)}
-    )
+    found = (getattr(m, "layer_idx", None) for _, m, _ in plan)
+    indices = sorted({i for i in found if isinstance(i, int)})
     old = text.__dict__.get(_HOOK)
     if old is not None:
         old.remove()
