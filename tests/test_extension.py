@@ -109,7 +109,7 @@ def test_extended_attention_is_the_pair_by_pair_definition(method, case, q_len, 
 def test_query_blocks_and_column_boxes_change_nothing(method, causal, monkeypatch):
     """The reference path runs long inputs in query blocks, each set's product over its own
     columns: forced here to blocks of a few rows, with padding and per-sequence positions,
-    forward and backward (the fused path's blocks: tests/test_extension_fused.py)."""
+    forward and backward (the fused path's blocks: tests/test_lse.py)."""
     if not causal and not method.bidirectional:
         pytest.skip("Dual Chunk Attention is causal only")
     monkeypatch.setattr(posemb.extension, "_BLOCK_ELEMENTS", 2 * 4 * 40 * 3)  # 3-row blocks

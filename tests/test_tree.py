@@ -18,6 +18,9 @@ COVERED_ELSEWHERE = {
     "lesson/__init__.py": "empty",
     "bench/__init__.py": "empty",
     "bench/timing.py": "the rounds every bench is timed in: test_bench_hf.py, test_bench_decode.py",
+    "_lse_kernels.py": "the calls' kernels, each against the explicit tiles: test_lse.py",
+    "hf/extension_cache.py": "the tagged cache through crop, reorder and refusals: "
+    "test_hf_extension.py, test_hf_extension_masks.py",
     "bench/outputs.py": "which CSV --out may replace: test_bench_kernels.py, test_cli.py",
     "lab/__init__.py": "re-exports: test_import.py",
     "hf/__init__.py": "re-exports: test_import.py",
