@@ -323,6 +323,50 @@ def test_gemma3_refuses_a_plain_cache_before_its_sliding_layer_appends():
 # --- 8. a rotary width transformers ignores ----------------------------------------------------
 
 
+def _float_positions(model, cache, x):
+    model(x, cache=cache, position_ids=torch.arange(8, 12.0)[None])
+
+
+def _unpatched(model, cache, x):
+    hf.unpatch_extension(model)
+    try:
+        model(x, cache=cache)
+    finally:
+        hf.patch_extension(model, WIDE)
+
+
+def _in_training(model, cache, x):
+    model.train()
+    try:
+        model(x, cache=cache)
+    finally:
+        model.eval()
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [(_in_training, "dropout"), (_float_positions, "integer"), (_unpatched, "unrotated")],
+    ids=["dropout", "float-positions", "unpatched"],
+)
+def test_gemma3_refuses_before_its_unpatched_sliding_layer_appends(call, said):
+    """Found by an attack: what the patched global layer refuses (dropout, position_ids, an
+    unpatched model reading a patched cache) was refused after Gemma 3's sliding layer 0, not
+    patched, had appended; the text model's pre-hook refuses it before layer 0."""
+    model = build("gemma3_text", "sdpa", **GEMMA3, attention_dropout=0.1)
+    hf.patch_extension(model, WIDE)
+    x = ids(1, 12)
+    with torch.no_grad():
+        want = model(x).logits[:, 8:]
+        cache = transformers.DynamicCache(config=model.config)
+        model(x[:, :8], cache=cache)
+        held, before = keys(cache), lengths(cache)
+        with pytest.raises(ValueError, match=said):
+            call(model, cache, x[:, 8:])
+        assert lengths(cache) == before
+        assert same_keys(keys(cache), held)
+        assert gap(model(x[:, 8:], cache=cache).logits, want) <= ATOL
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_a_partial_rotary_factor_transformers_ignores_is_followed_or_refused(model_type):
     """Llama's and Qwen3's default RoPE rotate every channel whatever partial_rotary_factor says;

@@ -275,3 +275,35 @@ def test_a_kernel_failing_its_first_use_check_is_set_aside_with_a_warning():
     q = torch.randn(1, 2, 3, 8)
     with pytest.warns(RuntimeWarning, match="first-use check"):
         assert not _lse_kernels._agrees(bad, q, q)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 37), (2, 1, 37, 1), (1, 4, 1, 1)])
+def test_a_bias_that_broadcasts_over_rows_or_columns(shape):
+    """A bias of size 1 along the queries or the keys (a padding-style row mask) applies to
+    every call's tile, however the rows are split (found by an attack: the rows were sliced)."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs(SHAPES["prefill"], F64, seed=6)
+    torch.manual_seed(7)
+    bias = torch.randn(shape, dtype=F64)
+    bias = bias.masked_fill(torch.rand(shape) < 0.2, -torch.inf)
+    vis = Visibility(causal=True, bias=bias)
+
+    def run(fused):
+        return attend(q, k, v, rope, ReRoPE(window=5), qp, kp, vis, 0.3, fused=fused)
+
+    _close(_both(q, k, v, run), F64)
+
+
+@pytest.mark.parametrize("method", METHODS[::2], ids=IDS[::2])
+def test_second_derivatives_are_the_reference_paths(method):
+    """A double backward (create_graph) differentiates explicit tiles recomputed in the
+    backward: the flash kernels' backward has no derivative of its own."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], F64, seed=8)
+    second = []
+    for fused in (True, False):
+        out = extended_attention(q, k, v, rope, method, qp, kp, True, pad, fused=fused)
+        (gv,) = torch.autograd.grad(out.square().sum(), (v,), create_graph=True)
+        second.append(torch.autograd.grad(gv.sum(), (q, k, v)))
+    for a, b in zip(*second, strict=True):
+        torch.testing.assert_close(a, b, **TOL[F64])

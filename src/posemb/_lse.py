@@ -23,10 +23,12 @@ calls run as explicit tiles (:func:`_math_forward`), exact and bounded in memory
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from . import _lse_kernels
 from ._lse_kernels import Kernel, kernel_for
 
 INF = float("inf")
@@ -107,8 +109,11 @@ class Ranges:
             seen = seen & ~self.pad[:, None, c.c0 : c.c1]
         fill = np.where(seen, 0.0, -np.inf)[:, None]
         add = torch.from_numpy(fill).to(device, dtype)
-        if self.bias is not None:
-            add = add + hard(self.bias[..., c.r0 : c.r1, c.c0 : c.c1], dtype)
+        if self.bias is not None:  # a dimension of size 1 broadcasts: not sliced
+            bias = self.bias
+            bias = bias[..., c.r0 : c.r1, :] if bias.shape[-2] > 1 else bias
+            bias = bias[..., c.c0 : c.c1] if bias.shape[-1] > 1 else bias
+            add = add + hard(bias, dtype)
             blind = (add == -INF).all(-1)
             return add, blind if bool(blind.any()) else None
         blind_rows = np.logical_not(seen.any(axis=-1))
@@ -127,15 +132,15 @@ def hard(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.to(dtype).masked_fill(bias <= floor, -INF)
 
 
-def plan(ranges: Ranges, q_len: int) -> list[list[Call]]:
-    """The calls of each block of :data:`_ROWS` queries (see :func:`_calls`)."""
+def plan(ranges: Ranges, q_len: int) -> list[tuple[int, int, list[Call]]]:
+    """Each block of :data:`_ROWS` queries ``(r0, r1)`` and its calls (see :func:`_calls`)."""
     blocks = []
     for r0 in range(0, q_len, _ROWS):
         r1 = min(q_len, r0 + _ROWS)
         calls: list[Call] = []
         for s in range(len(ranges.starts)):
             calls += _calls(ranges, s, r0, r1, 0, 1 << 62)
-        blocks.append(calls)
+        blocks.append((r0, r1, calls))
     return blocks
 
 
@@ -177,7 +182,7 @@ class _Merged(torch.autograd.Function):
         wide = torch.promote_types(v.dtype, torch.float32)  # merged in float32 or wider
         out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
         lse = v.new_full((b, h, q_len), -INF, dtype=wide)
-        for calls in blocks:
+        for _, _, calls in blocks:
             for c in calls:
                 mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
                 o, m = forward(
@@ -209,6 +214,8 @@ class _Merged(torch.autograd.Function):
         n = ctx.n_sets
         saved = ctx.saved_tensors
         qs, ks, v, out, lse = saved[:n], saved[n : 2 * n], saved[2 * n], saved[-2], saved[-1]
+        if torch.is_grad_enabled():  # create_graph: a double backward will follow
+            return (None, None, None, None, None, *_differentiated(ctx, qs, ks, v, d_out))
         backward = ctx.kernel.backward
         blind = lse == -INF  # rows that saw no key: zero output, zero gradient
         d_out = d_out.masked_fill(blind[..., None], 0.0).contiguous()
@@ -217,7 +224,7 @@ class _Merged(torch.autograd.Function):
         d_qs = [torch.zeros_like(q, dtype=wide) for q in qs]
         d_ks = [torch.zeros_like(k, dtype=wide) for k in ks]
         d_v = torch.zeros_like(v, dtype=wide)
-        for calls in ctx.blocks:
+        for _, _, calls in ctx.blocks:
             for c in calls:
                 mask = ctx.ranges.mask(c, v.dtype, v.device)[0] if c.masked else None
                 dq, dk, dv = backward(
@@ -235,6 +242,45 @@ class _Merged(torch.autograd.Function):
                 d_v[:, :, c.c0 : c.c1] += dv
         grads = [g.to(t.dtype) for g, t in zip((*d_qs, *d_ks, d_v), (*qs, *ks, v), strict=True)]
         return (None, None, None, None, None, *grads)
+
+
+def _differentiated(
+    ctx: object, qs: tuple, ks: tuple, v: torch.Tensor, d_out: torch.Tensor
+) -> list[torch.Tensor]:
+    """The backward as operations autograd can differentiate again: the merged attention
+    recomputed from explicit tiles and merged out of place, then its gradient with
+    ``create_graph`` (the flash kernels' backward has no derivative of its own)."""
+    inputs = (*qs, *ks, v)
+    with torch.enable_grad():
+        out = _recomputed(ctx, qs, ks, v)
+    grads = torch.autograd.grad(out, inputs, d_out, create_graph=True, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs, strict=True)]
+
+
+def _recomputed(ctx: Any, qs: tuple, ks: tuple, v: torch.Tensor) -> torch.Tensor:
+    b, h = qs[0].shape[:2]
+    wide = torch.promote_types(v.dtype, torch.float32)
+    rows = []
+    for r0, r1, calls in ctx.blocks:
+        out = v.new_zeros((b, h, r1 - r0, v.shape[-1]), dtype=wide)
+        lse = v.new_full((b, h, r1 - r0), BLIND, dtype=wide)
+        for c in calls:
+            mask, blind = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
+            if blind is not None:  # computed on a visible row and dropped: no nan to carry
+                mask = mask.masked_fill(blind[..., None], 0.0)
+            tiles = (_tile(qs[c.s], c.r0, c.r1), ctx.ranges.keys(ks, c), _tile(v, c.c0, c.c1))
+            o, m = _lse_kernels.TILES.forward(*tiles, mask, ctx.scale)
+            if blind is not None:
+                blind = blind.expand_as(m)
+                m, o = m.masked_fill(blind, BLIND), o.masked_fill(blind[..., None], 0.0)
+            before, after = c.r0 - r0, r1 - c.r1  # the call's rows placed in the block's
+            o = torch.nn.functional.pad(o.to(wide), (0, 0, before, after))
+            m = torch.nn.functional.pad(m.to(wide), (before, after), value=BLIND)
+            total = torch.logaddexp(lse, m)
+            out = out * (lse - total).exp().unsqueeze(-1) + o * (m - total).exp().unsqueeze(-1)
+            lse = total
+        rows.append(out)
+    return torch.cat(rows, dim=2).to(v.dtype)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:

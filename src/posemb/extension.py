@@ -652,11 +652,13 @@ def _block(
             view = logits[..., lo - c0 : hi - c0]
             torch.maximum(view, part, out=view)
     if bias is not None:  # the soft part; the hard part is in hidden
-        soft = _lse.hard(_rows_of(bias, r0, r1)[..., c0:c1], dt)
+        soft = _rows_of(bias, r0, r1)
+        soft = _lse.hard(soft[..., c0:c1] if soft.shape[-1] > 1 else soft, dt)
         logits = logits + soft.masked_fill(soft == float("-inf"), 0.0)
     if hidden is not None:  # (..., q_len or 1, k_len): a padding mask has one row for all
         rows = _rows_of(hidden, r0, r1)
-        logits = logits.masked_fill(rows[..., c0:c1], float("-inf"))
+        rows = rows[..., c0:c1] if rows.shape[-1] > 1 else rows
+        logits = logits.masked_fill(rows, float("-inf"))
     return logits, c0, c1
 
 

@@ -14,12 +14,14 @@ check, and that pickles and deep-copies) and records the positions of the keys i
 
 - the patched attention refuses a layer that holds keys it did not write (rotated by
   transformers: start a new cache);
-- the plain attention, after :func:`unpatch_extension`, is refused by the tagged layer when it
-  tries to extend it, instead of reading unrotated keys as rotated ones.
+- the plain attention, after :func:`unpatch_extension`, is refused (by a pre-hook the unpatch
+  leaves on the text model, before any layer runs; and by the tagged layer when it tries to
+  extend it), instead of reading unrotated keys as rotated ones.
 
 The positions come from ``position_ids`` (which every decoder layer passes), so left- and
-right-padded batches, sliding-window layers and ``generate`` need nothing more; the mask
-transformers builds (causal, padding, sliding window) is applied as given.
+right-padded batches, sliding-window layers and ``generate`` need nothing more; the mask is
+read in the form the model's ``attn_implementation`` passes it (:mod:`.extension_masks`), and
+the record of positions follows transformers' crop and reorder (:mod:`.extension_cache`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from ..rope import RotaryEmbedding
 from . import rebind
 from .extension_cache import (
     CacheCheck,
+    TaggedCacheGuard,
+    dropout_message,
     held,
     inside,
     join,
@@ -84,7 +88,7 @@ def _extended_attention(
     Hk, T, D)`` unrotated; returns ``((B, S, Hq, D), None)`` as eager attention does."""
     method, rope, positions = kwargs[_KEY]
     if dropout:  # checked before the cache was touched; a direct call is checked here
-        raise InputError(_dropout_message(dropout))
+        raise InputError(dropout_message(dropout))
     k_len = key.shape[2]
     qp = kwargs["position_ids"]
     kp = positions[:, -k_len:]
@@ -93,13 +97,6 @@ def _extended_attention(
     s = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     out = attend(query, key, value, rope, method, qp, kp, vis, s)
     return out.transpose(1, 2).contiguous(), None
-
-
-def _dropout_message(dropout: float) -> str:
-    return (
-        f"patch_extension runs attention without dropout; got dropout {dropout} (call "
-        f"model.eval(), or set attention_dropout to 0)"
-    )
 
 
 class _Interface:
@@ -156,7 +153,7 @@ class ExtendedForward:
         _checks.within_limit("position_ids", qp)
         dropout = getattr(module, "attention_dropout", 0.0) if module.training else 0.0
         if dropout:
-            raise InputError(_dropout_message(dropout))
+            raise InputError(dropout_message(dropout))
         check_form(kwargs.get("attention_mask", args[2] if len(args) > 2 else None))
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layer = layer_of(cache, getattr(module, "layer_idx", None))
@@ -308,12 +305,15 @@ def _hook(model: nn.Module, plan: list[tuple[str, nn.Module, RotaryEmbedding]]) 
     text = _text_model(model, [module for _, module, _ in plan])
     if text is None:
         return
-    found = (getattr(m, "layer_idx", None) for _, m, _ in plan)
-    indices = sorted({i for i in found if isinstance(i, int)})
+    _install(text, CacheCheck([module for _, module, _ in plan]))
+
+
+def _install(text: nn.Module, hook: CacheCheck | TaggedCacheGuard) -> None:
+    """``hook`` as the text model's one posemb pre-hook (replacing the one before)."""
     old = text.__dict__.get(_HOOK)
     if old is not None:
         old.remove()
-    text.__dict__[_HOOK] = text.register_forward_pre_hook(CacheCheck(indices), with_kwargs=True)
+    text.__dict__[_HOOK] = text.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def patch_extension(model: nn.Module, method: Extension) -> list[str]:
@@ -354,15 +354,15 @@ def patch_extension(model: nn.Module, method: Extension) -> list[str]:
 def unpatch_extension(model: nn.Module) -> list[str]:
     """Give every attention module :func:`patch_extension` rebound its class's ``forward``
     back; the dotted names restored. A cache filled under the patch stays unrotated and is
-    refused by the restored attention: start a new one."""
+    refused by the restored model before its first layer runs (a pre-hook stays on the text
+    model for that): start a new one."""
     restored = []
     for name, module in model.named_modules():
         if isinstance(module.__dict__.get("forward"), ExtendedForward):
             del module.forward
             restored.append(name)
-        handle = module.__dict__.pop(_HOOK, None)
-        if handle is not None:
-            handle.remove()
+        if _HOOK in module.__dict__:  # a cache the patch wrote stays refused as a whole
+            _install(module, TaggedCacheGuard())
     return restored
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _checks
 from .._errors import InputError
 
 RECORD = "_posemb_positions"  # on a cache layer: positions (batch or 1, keys) of its keys
@@ -163,16 +164,31 @@ def tag(layer: Any) -> None:
     layer.__class__ = tagged_class(type(layer))
 
 
-class CacheCheck:
-    """A forward pre-hook on the text model: every patched layer's cache is checked before
-    layer 0 runs, so a cache the patch cannot continue is refused with nothing appended (a
-    model whose first layers are not patched, as Gemma 3's sliding layers, would write them
-    first). Pickles and deep-copies as the layer indices."""
+def dropout_message(dropout: float) -> str:
+    return (
+        f"patch_extension runs attention without dropout; got dropout {dropout} (call "
+        f"model.eval(), or set attention_dropout to 0)"
+    )
 
-    def __init__(self, layer_indices: list[int]) -> None:
-        self.layer_indices = layer_indices
+
+class CacheCheck:
+    """A forward pre-hook on the text model: what would refuse a call inside a patched layer
+    is checked before layer 0 runs, so a refused call appends nothing anywhere (a model whose
+    first layers are not patched, as Gemma 3's sliding layers, would write them first): every
+    patched layer's cache, dropout in training mode, the ``position_ids`` passed. Pickles and
+    deep-copies with the model (it holds the patched attention modules)."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        for attention in self.modules:
+            dropout = getattr(attention, "attention_dropout", 0.0) if attention.training else 0.0
+            if dropout:
+                raise InputError(dropout_message(dropout))
+        qp = kwargs.get("position_ids")
+        if isinstance(qp, torch.Tensor):
+            _checks.within_limit("position_ids", _checks.positions(qp, name="position_ids"))
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is None:
             return
@@ -180,7 +196,23 @@ class CacheCheck:
         ids = kwargs.get("input_ids", args[0] if args else None)
         source = states if isinstance(states, torch.Tensor) else ids
         batch = source.shape[0] if isinstance(source, torch.Tensor) else None
-        for index in self.layer_indices:
-            layer = layer_of(cache, index)
+        for attention in self.modules:
+            layer = layer_of(cache, getattr(attention, "layer_idx", None))
             if layer is not None and getattr(layer, "is_initialized", False):
                 held(layer, layer.keys.shape[0] if batch is None else batch)
+
+
+class TaggedCacheGuard:
+    """The pre-hook :func:`~posemb.hf.unpatch_extension` leaves on the text model: a cache
+    holding layers the patch wrote (unrotated keys) is refused before layer 0 runs, where the
+    first layer to read one might come after others appended (Gemma 3)."""
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        layers = getattr(cache, "layers", None) or ()
+        if any(type(layer) in _tagged.values() for layer in layers):
+            raise InputError(
+                "this cache holds unrotated keys written under hf.patch_extension; the "
+                "unpatched model would read them as rotated. Patch the model again to go on, "
+                "or start a new cache"
+            )
