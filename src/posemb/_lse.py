@@ -266,7 +266,7 @@ def _recomputed(ctx: Any, qs: tuple, ks: tuple, v: torch.Tensor) -> torch.Tensor
         lse = v.new_full((b, h, r1 - r0), BLIND, dtype=wide)
         for c in calls:
             mask, blind = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
-            if blind is not None:  # computed on a visible row and dropped: no nan to carry
+            if mask is not None and blind is not None:  # computed as seen, then dropped: no nan
                 mask = mask.masked_fill(blind[..., None], 0.0)
             tiles = (_tile(qs[c.s], c.r0, c.r1), ctx.ranges.keys(ks, c), _tile(v, c.c0, c.c1))
             o, m = _lse_kernels.TILES.forward(*tiles, mask, ctx.scale)
