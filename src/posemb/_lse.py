@@ -37,8 +37,8 @@ INF = float("inf")
 BLIND = -1e30
 # A block's queries: at most this many rows per call (and a masked call's tile at most
 # _TILE elements per head, its columns split to stay under it).
-_ROWS = 512
-_LEAF = 64
+_ROWS = 1024
+_LEAF = 128
 _TILE = 1 << 21
 
 

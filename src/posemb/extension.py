@@ -443,7 +443,7 @@ def extended_attention(
 
     Memory and work: with ``fused`` (the default), whenever every sequence's key positions
     increase along it (padding aside), each position set's pairs with a query are one range of
-    keys, and the attention is a few fused attention calls per block of 512 queries, merged
+    keys, and the attention is a few fused attention calls per block of 1,024 queries, merged
     exactly by their log-sum-exp (:mod:`posemb._lse`; the CPU's flash kernel, explicit tiles
     elsewhere); nothing of size ``q_len x k_len`` is formed, and gradients flow through it.
     Otherwise (keys out of order, as in a packed batch; tracing) the reference path runs:
