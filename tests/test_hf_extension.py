@@ -287,7 +287,7 @@ def test_gemma3_extends_its_global_layers_only():
 
 
 def _state(model) -> dict:
-    return {n: m.__dict__.get("forward") for n, m in model.named_modules()}
+    return {n: (type(m), m.__dict__.get("forward")) for n, m in model.named_modules()}
 
 
 @pytest.mark.parametrize(
@@ -379,3 +379,31 @@ def test_sliding_window_layers_keep_their_window_through_generate():
         out = model.generate(prompt, max_new_tokens=40, do_sample=False, min_length=0)
         want = _recompute(model, prompt, out.shape[1] - prompt.shape[1])
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("how", ["replica", "copy"])
+def test_a_copied_or_replicated_extended_attention_runs_its_own_weights(how):
+    """Issue 54, bug 10 under patch_extension: the extended forward was bound to the module it
+    was made for, so a DataParallel replica computed with the original's projections."""
+    eager, patched = tiny("llama"), tiny("llama")
+    hf.patch_extension(patched, posemb.SelfExtend(group=4, window=10_000))  # plain RoPE here
+    torch.manual_seed(8)
+    new = None
+    for model in (eager, patched):
+        attention = model.model.layers[0].self_attn
+        if how == "replica":
+            other = attention._replicate_for_data_parallel()
+        else:
+            other = copy.copy(attention)
+            other._modules = dict(other._modules)
+        other.q_proj = copy.deepcopy(attention.q_proj)
+        new = torch.randn_like(other.q_proj.weight) if new is None else new
+        with torch.no_grad():
+            other.q_proj.weight.copy_(new)
+        model.model.layers[0].self_attn = other
+    assert isinstance(patched.model.layers[0].self_attn, hf.extension.ExtendedAttention)
+    x = ids(1, 20)
+    with torch.no_grad():
+        assert float((patched(x).logits - eager(x).logits).abs().max()) <= 1e-5
+    with pytest.warns(DeprecationWarning, match="ExtendedAttention"):
+        assert hf.extension.ExtendedForward is hf.extension.ExtendedAttention

@@ -66,8 +66,9 @@ def _fa2_form_attention(
     """What transformers' flash_attention_forward computes, exactly and on the CPU: causal from
     the ``is_causal`` keyword or the module, the window as flash's ``window_size=(w - 1, w - 1)``
     (one-sided when causal), padding from the 2-D mask (its last ``T`` columns); a query that
-    sees nothing gives zeros, as unpadding does. Packed sequences read from position_ids are left
-    out: no test here passes any."""
+    sees nothing gives zeros, as unpadding does. Packed sequences: one row without a mask whose
+    position_ids restart is split where the position is the row's lowest (transformers'
+    _is_packed_sequence and prepare_fa_kwargs_from_position_ids)."""
     b, h, s, d = query.shape
     t = key.shape[2]
     causal = module.is_causal if is_causal is None else is_causal
@@ -78,6 +79,12 @@ def _fa2_form_attention(
         seen &= kj <= qi
     if sliding_window is not None:
         seen &= (qi - kj).abs() < sliding_window
+    pos = kwargs.get("position_ids")
+    if attention_mask is None and b == 1 and s > 1 and pos is not None:
+        pos = pos.reshape(-1)
+        if bool((pos - pos.min() != torch.arange(s)).any()):
+            segment = (pos == pos.min()).long().cumsum(0)
+            seen &= segment[:, None] == segment[None, :]
     seen = seen.expand(b, 1, s, t)
     if attention_mask is not None:
         seen = seen & attention_mask[:, None, None, -t:].bool()
@@ -409,3 +416,48 @@ def test_beam_search_on_a_left_padded_batch_gives_the_plain_beams():
         got = model.generate(x, **kw)
     assert torch.equal(got.sequences, want.sequences)
     assert gap(got.sequences_scores, want.sequences_scores) <= ATOL
+
+
+# --- issue 54, bug 7: causality by index, as is_causal means it -------------------------------
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager", FA2_FORM])
+def test_two_sequences_packed_in_one_row_attend_by_index_as_transformers_does(implementation):
+    """With the default cache transformers passes sdpa no mask and means ``is_causal``:
+    causality by key *index*. Two sequences packed in one row (position_ids 0..39, 0..29) are
+    one sequence to it: the first one's tokens never see the second's, which come after them.
+    posemb read the mask-less form as causal by *position* and let them (logits off by 0.33)."""
+    plain, patched = build("llama", implementation), build("llama", implementation)
+    hf.patch_extension(patched, WIDE)
+    x = ids(1, 70)
+    positions = torch.cat((torch.arange(40), torch.arange(30)))[None]
+    with torch.no_grad():
+        want = plain(x, position_ids=positions).logits
+        got = patched(x, position_ids=positions).logits
+        alone = patched(x[:, :40], position_ids=positions[:, :40]).logits
+        second = patched(x[:, 40:], position_ids=positions[:, 40:]).logits
+    assert gap(got, want) <= ATOL
+    assert gap(got[:, :40], alone) <= ATOL
+    # Flash attention splits the packed row where its positions restart; sdpa and eager do not
+    # (with a cache transformers builds them no packed mask).
+    split = gap(got[:, 40:], second)
+    assert split <= ATOL if implementation == FA2_FORM else split > 1e-3
+
+
+def test_flash_attention_cu_seq_lens_split_the_row_they_describe():
+    """Flash attention's padding-free form passes the sequence boundaries themselves
+    (``cu_seq_lens_q``/``_k``, as DataCollatorWithFlattening does): each sequence attends
+    alone, whatever its positions; a batch of several rows with them is refused by name."""
+    patched = build("llama", FA2_FORM)
+    hf.patch_extension(patched, WIDE)
+    x = ids(1, 70)
+    positions = torch.arange(70)[None]
+    cu = torch.tensor([0, 40, 70], dtype=torch.int32)
+    lens = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 40, "max_length_k": 40}
+    with torch.no_grad():
+        got = patched(x, position_ids=positions, use_cache=False, **lens).logits
+        first = patched(x[:, :40], position_ids=positions[:, :40], use_cache=False).logits
+        second = patched(x[:, 40:], position_ids=positions[:, 40:], use_cache=False).logits
+        assert gap(got, torch.cat((first, second), 1)) <= ATOL
+        with pytest.raises(posemb.InputError, match="cu_seq_lens_k for one row"):
+            patched(ids(2, 70), position_ids=positions, use_cache=False, **lens)

@@ -5,7 +5,9 @@ nothing changed; unpatch_rotary restores the model."""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import pickle
 import sys
 
 import pytest
@@ -311,3 +313,64 @@ def test_glm4v_text_rotation_is_the_interleaved_partial_form():
     importlib.import_module("transformers.models.glm4v.modeling_glm4v")
     form = fused._form_of("transformers.models.glm4v.modeling_glm4v", fused.ROTATION, 128, 64)
     assert "pairs (2j, 2j+1) on repeated tables" in form.label
+
+
+def _own_projection(attention, how):
+    """A copy of ``attention`` with its own q_proj (a new random weight), made as a DataParallel
+    replica makes it or as copy.copy does (then given its own submodule dict)."""
+    if how == "replica":
+        other = attention._replicate_for_data_parallel()
+    else:
+        other = copy.copy(attention)
+        other._modules = dict(other._modules)
+    old = other.q_proj
+    other.q_proj = torch.nn.Linear(old.in_features, old.out_features, bias=old.bias is not None)
+    with torch.no_grad():
+        other.q_proj.weight.copy_(torch.randn_like(old.weight))
+        if old.bias is not None:
+            other.q_proj.bias.copy_(torch.randn_like(old.bias))
+    return other
+
+
+@pytest.mark.parametrize("how", ["replica", "copy"])
+@pytest.mark.parametrize(
+    "name",
+    ["llama__llama-3.1-8b-instruct.json", "qwen2__qwen2.5-7b-instruct.json",
+     "gemma3__gemma-3-4b-it.json"],
+    ids=["llama", "qwen2", "gemma3"],
+)  # fmt: skip
+def test_a_copied_or_replicated_fused_attention_runs_its_own_weights(name, how):
+    """Issue 54, bug 10: the fused forward sat in the attention's __dict__, bound to the module
+    it was made for, so an nn.DataParallel replica or a copy computed with the original's
+    projections and norms (logits off by 0.2-0.9). A fused module is now of a fused subclass of
+    its own class, whose forward binds to whichever instance calls it."""
+    torch.manual_seed(3)
+    eager, fused = _tiny(name, FUSED[name]), _tiny(name, FUSED[name])
+    hf.patch_rotary(fused, fused=True)
+    layer = 1 if "gemma" in name else 0  # Gemma 3's second layer is global
+    for model in (eager, fused):
+        torch.manual_seed(4)
+        attention = model.model.layers[layer].self_attn
+        model.model.layers[layer].self_attn = _own_projection(attention, how)
+    assert is_fused(fused.model.layers[layer].self_attn)
+    with torch.no_grad():
+        gap = (fused(_ids()).logits - eager(_ids()).logits).abs().max()
+    assert float(gap) <= 1e-5
+
+
+def test_a_fused_model_pickles_deep_copies_and_unpatches_as_its_class():
+    name = "qwen2__qwen2.5-7b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    hf.patch_rotary(model, fused=True)
+    attention = model.model.layers[0].self_attn
+    assert isinstance(attention, hf.fused.FusedAttention)
+    assert type(attention).__name__ == "Qwen2Attention" and "forward" not in attention.__dict__
+    with torch.no_grad():
+        want = model(_ids()).logits
+        for again in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert _attention_layers(again) == 2
+            assert torch.equal(again(_ids()).logits, want)
+    with pytest.warns(DeprecationWarning, match="FusedAttention"):
+        assert hf.fused.FusedForward is hf.fused.FusedAttention
+    hf.unpatch_rotary(model)
+    assert type(model.model.layers[0].self_attn).__mro__[1] is torch.nn.Module

@@ -573,3 +573,30 @@ def test_double_backward_through_fused_norms_matches_eager():
         g.square().sum().backward()  # a gradient penalty
         grads.append(model.model.layers[0].self_attn.q_norm.weight.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4 * grads[0].abs().max())
+
+
+@pytest.mark.parametrize("how", ["replica", "copy"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_replicated_fused_attention_runs_its_own_projections_and_norms(family, how):
+    """Issue 54, bug 10 with fused norms: a DataParallel replica (or a copy given its own
+    submodules) of a fused Qwen3 or Gemma 3 attention, with its own q projection and q and k
+    norms, computes with them, not the original's (logits were off by 0.3)."""
+    eager, fused = _pair(family)
+    torch.manual_seed(6)
+    changes = {}
+    for model in (eager, fused):
+        attention = model.model.layers[1].self_attn
+        if how == "replica":
+            other = attention._replicate_for_data_parallel()
+        else:
+            other = copy.copy(attention)
+            other._modules = dict(other._modules)
+        for name in ("q_proj", "q_norm", "k_norm"):
+            setattr(other, name, copy.deepcopy(getattr(attention, name)))
+            if name not in changes:
+                changes[name] = torch.randn_like(getattr(other, name).weight)
+            with torch.no_grad():
+                getattr(other, name).weight.add_(changes[name])
+        model.model.layers[1].self_attn = other
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7))
+    _same_logits(fused, eager, ids)

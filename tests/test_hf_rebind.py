@@ -82,7 +82,7 @@ def test_an_extended_forward_reads_the_modules_own_globals(monkeypatch):
     extended = copy.deepcopy(eager)
     hf.patch_extension(extended, posemb.SelfExtend(group=2, window=64))  # inside the window
     forward = extended.model.layers[0].self_attn.forward
-    inner = inspect.unwrap(forward._bound.__func__)
+    inner = inspect.unwrap(forward.__func__)
     assert inner.__globals__ is vars(modeling_llama)  # live, not a copy
     calls = []
     real = modeling_llama.apply_rotary_pos_emb

@@ -137,6 +137,63 @@ def test_cached_tables_with_positions_offsets_and_packed_sequences(backend, layo
     assert_close(got_k, packed_ref(pk), torch.float16)
 
 
+@pytest.mark.parametrize("backend", ["reference", *FUSED])
+def test_offsets_and_cu_seqlens_that_are_strided_views(backend):
+    """Issue 54, bug 9: the Triton kernel read ``offsets[b]`` and ``cu_seqlens[b]`` as
+    contiguous, so a column of a (batch, 2) table or ``cu[::2]`` was read from the wrong
+    memory (errors from 5.4 up to 1e31, past the cache the host had checked)."""
+    device = device_of(backend)
+    cos, sin = tables(torch.arange(64, device=device), 16, device)
+    q, k = make((3, 2, 5, 16), 1, torch.float32, device)
+    table = torch.tensor([[3, 900], [7, 901], [11, 902]], device=device)
+    offsets = table[:, 0]  # a column: stride 2
+    assert offsets.stride(0) == 2
+    got_q, got_k = kernels.rotate_cached(q, k, cos, sin, offsets=offsets, backend=backend)
+    rows = torch.arange(5, device=device)[None] + offsets[:, None]
+    assert_close(got_q, reference.rotate(q, cos[rows], sin[rows], Layout.HALF), torch.float32)
+    assert_close(got_k, reference.rotate(k, cos[rows], sin[rows], Layout.HALF), torch.float32)
+    pq, pk = q[0].transpose(0, 1).contiguous(), k[0].transpose(0, 1).contiguous()  # (5, H, D)
+    cu = torch.tensor([0, 99, 2, 99, 5, 99], dtype=torch.int32, device=device)[::2]
+    off = torch.tensor([[40, 0], [9, 0]], device=device)[:, 0]
+    got_q, got_k = kernels.rotate_cached(pq, pk, cos, sin, cu_seqlens=cu, offsets=off,
+                                         backend=backend)  # fmt: skip
+    rows = torch.tensor([40, 41, 9, 10, 11], device=device)
+    for got, x in ((got_q, pq), (got_k, pk)):
+        want = reference.rotate(x.transpose(0, 1)[None], cos[rows][None], sin[rows][None],
+                                Layout.HALF)[0].transpose(0, 1)  # fmt: skip
+        assert_close(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("which", ["q", "sin"])
+def test_a_view_with_the_negative_bit_is_rotated_by_its_values(backend, which):
+    """Issue 54, bug 11: the Triton kernel read a ``torch._neg_view`` q or table by its memory,
+    not its (negated) values; the remembered decode path must not take one either."""
+    device = device_of(backend)
+    cos, sin = tables(torch.arange(5, device=device), 16, device)
+    q, k = make((1, 2, 5, 16), 1, torch.float32, device)
+    want = reference.rotate(q, cos, sin, Layout.HALF)
+    for _ in range(2):  # the second call may take a remembered signature
+        kernels.rotate(q, k, cos, sin, backend=backend)
+    if which == "q":
+        flagged, args = torch._neg_view(-q), (cos, sin)
+    else:
+        flagged, args = q, (cos, torch._neg_view(-sin))
+    assert (flagged if which == "q" else args[1]).is_neg()
+    for _ in range(2):
+        got, _ = kernels.rotate(flagged, k, *args, backend=backend)
+        assert_close(got, want, torch.float32)
+        got, _ = kernels.rotate(flagged, k, *args)  # auto: the decode path's door
+        assert_close(got, want, torch.float32)
+    w = torch.rand(16, device=device) + 0.5
+    got, _ = kernels.norm_rotate(flagged, k, *args, w, torch._neg_view(-w), 1e-6, backend=backend)
+    want = kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6, backend="reference")[0]
+    assert_close(got, want, torch.float32)
+    with pytest.raises(posemb.InputError, match="negative or conjugate bit"):
+        kernels.rotate(torch._neg_view(q.clone()), k.clone(), cos, sin, backend=backend,
+                       inplace=True)  # fmt: skip
+
+
 @pytest.mark.parametrize("backend", FUSED)
 def test_module_backends_agree(backend):
     device = device_of(backend)
@@ -616,6 +673,30 @@ def test_a_remembered_triton_call_skips_the_checks_and_a_changed_one_is_checked(
         kernels.rotate(q, k[:1], cos, sin)
     out, _ = kernels.rotate(q.float().requires_grad_(), k.float(), cos, sin)
     assert out.grad_fn is not None  # a gradient wanted: the registered op
+
+
+@pytest.mark.parametrize("which", ["q", "cos"])
+def test_the_remembered_triton_path_never_takes_a_negative_view(
+    triton_decode_path_on_this_host, which
+):
+    """Issue 54, bug 11 on the CUDA decode path: a signature like a remembered one but with
+    the negative bit would be launched directly, reading memory, not values."""
+    device = triton_decode_path_on_this_host
+    q, k = make((2, 4, 1, 32), 2, torch.float32, device)
+    cos, sin = tables(torch.tensor([[7], [300]], device=device), 32, device)
+    for _ in range(2):
+        kernels.rotate(q, k, cos, sin)  # remembered
+    if which == "q":
+        got, _ = kernels.rotate(torch._neg_view(-q), k, cos, sin)
+    else:
+        got, _ = kernels.rotate(q, k, torch._neg_view(-cos), sin)
+    assert_close(got, reference.rotate(q, cos, sin, "half"), torch.float32)
+    w = torch.rand(32, device=device) + 0.5
+    for _ in range(2):
+        kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6)
+    got, _ = kernels.norm_rotate(q, k, cos, sin, torch._neg_view(-w), w, 1e-6)
+    want, _ = kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6, backend="reference")
+    assert_close(got, want, torch.float32)
 
 
 @pytest.mark.parametrize("head_dim", [6, 64, 80, 96, 128, 160, 256])

@@ -20,7 +20,7 @@ from posemb.extension import (
     attend,
     extended_attention,
 )
-from tolerances import TOL
+from tolerances import TOL, TOL_SECOND, assert_close_at_scale
 
 F64 = torch.float64
 METHODS = [
@@ -307,3 +307,160 @@ def test_second_derivatives_are_the_reference_paths(method):
         second.append(torch.autograd.grad(gv.sum(), (q, k, v)))
     for a, b in zip(*second, strict=True):
         torch.testing.assert_close(a, b, **TOL[F64])
+
+
+# --- issue 54: what an attack found the fused path got wrong ------------------------------------
+
+
+def _strided(x, how):
+    """x with the same values but a last dimension that is not unit-stride."""
+    if how == "transposed":
+        return x.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
+    wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    wide[..., ::2] = x.detach()
+    return wide.requires_grad_()  # the leaf; its [..., ::2] view is what attention sees
+
+
+@pytest.mark.parametrize("how", ["transposed", "stepped"])
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_a_last_dimension_that_is_not_unit_stride(which, how):
+    """Bug 1: the CPU flash kernel reads the last dimension as unit-stride whatever its stride;
+    a transposed or step-sliced tensor gave an output off by 1.85."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs((3, 20, 45, 8, True), F64, seed=9)  # v as wide as q: no pad
+    leaf = _strided({"q": q, "k": k, "v": v}[which], how)
+    seen = leaf if how == "transposed" else leaf[..., ::2]
+    assert seen.stride(-1) != 1
+    args = {"q": q, "k": k, "v": v, which: seen}
+    out = extended_attention(args["q"], args["k"], args["v"], rope, METHODS[0], qp, kp, True, pad)
+    want = extended_attention(q, k, v, rope, METHODS[0], qp, kp, True, pad, fused=False)
+    torch.testing.assert_close(out, want, **TOL[F64])
+    (got,) = torch.autograd.grad(out.sum(), (leaf,))
+    (expected,) = torch.autograd.grad(want.sum(), ({"q": q, "k": k, "v": v}[which],))
+    got = got if how == "transposed" else got[..., ::2]
+    torch.testing.assert_close(got, expected, **TOL[F64])
+
+
+@pytest.mark.parametrize("method", METHODS, ids=IDS)
+def test_second_derivatives_through_q_and_k(method):
+    """Bug 2: a gradient penalty through q or k (not only v) was nan in every method with more
+    than one position set: logaddexp's second derivative where one side is the blind -1e30."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], F64, seed=10)
+    second = []
+    for fused in (True, False):
+        out = extended_attention(q, k, v, rope, method, qp, kp, True, pad, fused=fused)
+        gq, gk = torch.autograd.grad(out.square().sum(), (q, k), create_graph=True)
+        second.append(torch.autograd.grad(gq.square().sum() + gk.sum(), (q, k, v)))
+    for a, b in zip(*second, strict=True):
+        assert torch.isfinite(a).all()
+        assert_close_at_scale(a, b, F64, TOL_SECOND)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 20, 45), (3, 1, 20, 45), (1, 1, 1, 45), (45,)])
+def test_a_bias_that_requires_grad_gets_its_gradient(shape):
+    """Bug 3: the mask tiles were built from the bias outside the autograd function's inputs,
+    so a learned bias silently got no gradient (the reference gives it). A bias of fewer
+    dimensions broadcasts from the right."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], F64, seed=11)
+    torch.manual_seed(12)
+    bias = torch.randn(shape, dtype=F64).requires_grad_()
+    runs = []
+    for fused in (True, False):
+        out = attend(q, k, v, rope, METHODS[0], qp, kp, Visibility(pad=pad, bias=bias), 0.3, fused)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=F64).view_as(out)
+        runs.append((out, *torch.autograd.grad((out * weight).sum(), (q, k, v, bias))))
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, **TOL[F64])
+    assert runs[0][-1].abs().max() > 0
+
+
+def test_a_bias_that_requires_grad_has_second_derivatives():
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], F64, seed=13)
+    bias = torch.randn(3, 1, 20, 45, dtype=F64, requires_grad=True)
+    second = []
+    for fused in (True, False):
+        out = attend(q, k, v, rope, METHODS[2], qp, kp, Visibility(pad=pad, bias=bias), 0.3, fused)
+        (gb,) = torch.autograd.grad(out.square().sum(), (bias,), create_graph=True)
+        second.append(torch.autograd.grad(gb.square().sum(), (q, bias)))
+    for a, b in zip(*second, strict=True):
+        assert_close_at_scale(a, b, F64, TOL_SECOND)
+
+
+@pytest.mark.parametrize("fill", [-1e4, -1e9, -1e30])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+def test_a_row_whose_keys_all_carry_one_large_fill(fill, fused):
+    """Bug 4: every call's log-sum-exp of such a row rounds to the fill in float32, and the
+    merge weighed each call by 1 (the row got the sum of their outputs, off by 0.88). The
+    softmax does not see a constant added to a row: the answer is that row without it."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs(SHAPES["prefill"], torch.float32, seed=14)
+    bias = torch.zeros(2, 1, 37, 37)
+    bias[:, :, 9] = fill  # a padded query row under a hand-written mask
+    bias[1, :, 20, :10] = fill  # and a row where only some keys carry it
+    out = attend(q, k, v, rope, METHODS[0], qp, kp, Visibility(bias=bias), 0.3, fused=fused)
+    want_bias = bias.double()
+    want_bias[:, :, 9] = 0.0
+    args = (q.double(), k.double(), v.double(), rope, METHODS[0], qp, kp)
+    want = attend(*args, Visibility(bias=want_bias), 0.3, fused=False)
+    torch.testing.assert_close(out.double(), want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+def test_vmap_over_extended_attention(fused):
+    """Bug 5: torch.func.vmap died in the blocked path ("Batching rule not implemented for
+    aten::maximum.out"); the docs say torch.func transforms take the reference."""
+    rope = posemb.RotaryEmbedding(8)
+    torch.manual_seed(15)
+    q, k, v = (torch.randn(3, 1, 2, 12, 8, dtype=F64) for _ in range(3))
+
+    def one(q, k, v):
+        return extended_attention(q, k, v, rope, METHODS[0], fused=fused)
+
+    got = torch.func.vmap(one)(q, k, v)
+    want = torch.stack([one(q[i], k[i], v[i]) for i in range(3)])
+    torch.testing.assert_close(got, want, **TOL[F64])
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("shape", [(), (37,), (37, 37), (4, 1, 37)])
+def test_a_bias_of_fewer_dimensions_broadcasts_from_the_right(shape, fused):
+    """Bug 6: a 1-D or 0-d bias, which broadcasts as Visibility's docstring says, died with a
+    bare IndexError in both paths."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs(SHAPES["prefill"], F64, seed=16)
+    bias = torch.randn(shape, dtype=F64)
+    full = bias.view((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(2, 4, 37, 37)
+    args = (q, k, v, rope, METHODS[2], qp, kp)
+    got = attend(*args, Visibility(bias=bias), 0.3, fused=fused)
+    want = attend(*args, Visibility(bias=full.contiguous()), 0.3, fused=False)
+    torch.testing.assert_close(got, want, **TOL[F64])
+
+
+@pytest.mark.parametrize("shape", [(5,), (2, 4, 37, 36), (1, 2, 3, 4, 5)])
+def test_a_bias_that_does_not_broadcast_is_refused_by_name(shape):
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs(SHAPES["prefill"], F64, seed=16)
+    with pytest.raises(posemb.InputError, match=r"bias of shape .* does not broadcast"):
+        attend(q, k, v, rope, METHODS[0], qp, kp, Visibility(bias=torch.zeros(shape)), 0.3)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("case", ["queries-first", "all-padding"])
+def test_no_query_sees_any_key_gives_zeros_with_zero_gradients(case, fused):
+    """Bug 8: the output was zeros cut off from autograd (``backward`` raised), and the two
+    paths disagreed; torch's attention gives a connected output with zero gradients."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs((2, 6, 9, 8, False), F64, seed=17)
+    pad = None
+    if case == "queries-first":
+        qp = qp - 40  # every query before every key
+    else:
+        pad = torch.ones(2, 9, dtype=torch.bool)
+    out = extended_attention(q, k, v, rope, METHODS[0], qp, kp, True, pad, fused=fused)
+    assert out.shape == (2, 4, 6, 8) and out.abs().max() == 0 and out.requires_grad
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.abs().max() == 0

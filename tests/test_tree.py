@@ -8,6 +8,8 @@ named after it, or is listed here with the test module that covers it and why.
 
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 COVERED_ELSEWHERE = {
@@ -19,6 +21,10 @@ COVERED_ELSEWHERE = {
     "bench/__init__.py": "empty",
     "bench/timing.py": "the rounds every bench is timed in: test_bench_hf.py, test_bench_decode.py",
     "_lse_kernels.py": "the calls' kernels, each against the explicit tiles: test_lse.py",
+    "bench/rows.py": "the benches' records and their CSV recogniser: test_bench_kernels.py, "
+    "test_cli.py",
+    "kernels/norm_reference.py": "the definition every norm_rotate backend is tested against: "
+    "test_kernels_norm.py",
     "hf/extension_cache.py": "the tagged cache through crop, reorder and refusals: "
     "test_hf_extension.py, test_hf_extension_masks.py",
     "bench/outputs.py": "which CSV --out may replace: test_bench_kernels.py, test_cli.py",
@@ -122,3 +128,26 @@ def test_every_test_module_names_a_module_or_a_concern():
     tests = [p.relative_to(ROOT / "tests").as_posix() for p in (ROOT / "tests").rglob("test_*.py")]
     strays = sorted(t for t in tests if t not in mirrored and t not in concerns)
     assert not strays, strays
+
+
+def test_no_module_imports_itself_through_others():
+    """Issue 54: two circles of imports (bench/hf.py <-> bench/outputs.py, hidden behind
+    importlib; kernels/norm.py <-> kernels/triton_norm.py, behind function-level imports) let
+    a module's behaviour depend on which was imported first. grimp sees imports inside
+    functions too; a module named to importlib as a string is refused outright."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("posemb")
+    circles = set()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            if chain:
+                circles.add(" -> ".join((module, *chain)))
+    assert not circles, sorted(circles)
+    by_name = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "src" / "posemb").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "import_module(" in line and '"posemb.' in line
+    ]
+    assert not by_name, by_name

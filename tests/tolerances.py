@@ -26,6 +26,27 @@ _OPS = {torch.float64: 64, torch.float32: 16, torch.bfloat16: 4, torch.float16: 
 
 TOL = {dt: {"rtol": _OPS[dt] * u, "atol": _OPS[dt] * u} for dt, u in UNIT_ROUNDOFF.items()}
 
+# A second derivative (the derivative of a backward) is a chain about four times as long as
+# the forward it comes from (forward, backward, and the derivative of each), its terms summed
+# over every key: four times the roundoffs of the first row.
+TOL_SECOND = {dt: {"rtol": 4 * t["rtol"], "atol": 4 * t["atol"]} for dt, t in TOL.items()}
+
+
+def assert_close_at_scale(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, table: dict = TOL
+) -> None:
+    """As :func:`assert_close`, with the absolute part taken at the scale of ``expected``
+    (its largest magnitude) rather than of a standard normal: for results far from order one,
+    such as second derivatives, whose entries cancel from terms of that size."""
+    scale = max(1.0, float(expected.abs().max()))
+    tol = table[dtype]
+    torch.testing.assert_close(
+        actual.to(torch.float64),
+        expected.to(torch.float64),
+        rtol=tol["rtol"],
+        atol=tol["atol"] * scale,
+    )
+
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     """Assert ``actual`` matches ``expected`` within the table's tolerance for ``dtype``."""

@@ -22,6 +22,8 @@ calls run as explicit tiles (:func:`_math_forward`), exact and bounded in memory
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +70,9 @@ class Ranges:
     pad: np.ndarray | None
     bias: torch.Tensor | None
     first: tuple[int, ...] = ()  # per set: the key column its keys tensor starts at (0)
+    # Per query row, subtracted from the bias: the largest bias the row sees (see
+    # :func:`row_shift`), ``(B or 1, heads or 1, q_len)``; None for none.
+    shift: torch.Tensor | None = None
 
     def span(self, s: int) -> tuple[int, int] | None:
         """The key columns set ``s`` takes any pair from, or None for a set no query uses
@@ -79,15 +84,14 @@ class Ranges:
 
     def keep(self, sets: list[int], first: list[int]) -> Ranges:
         """Only ``sets``, their keys tensors starting at columns ``first``."""
-        return Ranges(
-            [self.starts[s] for s in sets],
-            [self.ends[s] for s in sets],
-            self.pad,
-            self.bias,
-            tuple(first),
+        return dataclasses.replace(
+            self,
+            starts=[self.starts[s] for s in sets],
+            ends=[self.ends[s] for s in sets],
+            first=tuple(first),
         )
 
-    def keys(self, ks: list[torch.Tensor], c: Call) -> torch.Tensor:
+    def keys(self, ks: Sequence[torch.Tensor], c: Call) -> torch.Tensor:
         """Call ``c``'s keys from its set's tensor."""
         at = self.first[c.s] if self.first else 0
         return ks[c.s][:, :, c.c0 - at : c.c1 - at]
@@ -114,6 +118,8 @@ class Ranges:
             bias = bias[..., c.r0 : c.r1, :] if bias.shape[-2] > 1 else bias
             bias = bias[..., c.c0 : c.c1] if bias.shape[-1] > 1 else bias
             add = add + hard(bias, dtype)
+            if self.shift is not None:
+                add = add - self.shift[..., c.r0 : c.r1, None].to(dtype)
             blind = (add == -INF).all(-1)
             return add, blind if bool(blind.any()) else None
         blind_rows = np.logical_not(seen.any(axis=-1))
@@ -172,16 +178,17 @@ def _tile(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 
 class _Merged(torch.autograd.Function):
     """The merged attention of every call; inputs: the sets' rotated queries and keys (each
-    with the full heads), then v. Gradients flow to each as :mod:`posemb._lse` describes."""
+    with the full heads), v, then the bias where it needs a gradient. Gradients flow to each
+    as :mod:`posemb._lse` describes; the bias's from each call's logit gradients."""
 
     @staticmethod
     def forward(ctx, blocks, ranges, scale, kernel: Kernel, n_sets, *tensors):
-        qs, ks, v = tensors[:n_sets], tensors[n_sets : 2 * n_sets], tensors[-1]
+        qs, ks, v = tensors[:n_sets], tensors[n_sets : 2 * n_sets], tensors[2 * n_sets]
         forward = kernel.forward
         b, h, q_len = qs[0].shape[:3]
         wide = torch.promote_types(v.dtype, torch.float32)  # merged in float32 or wider
         out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
-        lse = v.new_full((b, h, q_len), -INF, dtype=wide)
+        lse = v.new_full((b, h, q_len), BLIND, dtype=wide)
         for _, _, calls in blocks:
             for c in calls:
                 mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
@@ -214,9 +221,11 @@ class _Merged(torch.autograd.Function):
         n = ctx.n_sets
         saved = ctx.saved_tensors
         qs, ks, v, out, lse = saved[:n], saved[n : 2 * n], saved[2 * n], saved[-2], saved[-1]
+        with_bias = len(saved) > 2 * n + 3  # the bias is an input: it needs a gradient
         if torch.is_grad_enabled():  # create_graph: a double backward will follow
-            return (None, None, None, None, None, *_differentiated(ctx, qs, ks, v, d_out))
-        backward = ctx.kernel.backward
+            bias = saved[2 * n + 1] if with_bias else None
+            grads = _differentiated(ctx, qs, ks, v, d_out, bias)
+            return (None, None, None, None, None, *grads)
         blind = lse == -INF  # rows that saw no key: zero output, zero gradient
         d_out = d_out.masked_fill(blind[..., None], 0.0).contiguous()
         lse = lse.masked_fill(blind, INF)
@@ -224,10 +233,12 @@ class _Merged(torch.autograd.Function):
         d_qs = [torch.zeros_like(q, dtype=wide) for q in qs]
         d_ks = [torch.zeros_like(k, dtype=wide) for k in ks]
         d_v = torch.zeros_like(v, dtype=wide)
+        bias = ctx.ranges.bias
+        d_bias = torch.zeros_like(bias, dtype=wide) if with_bias else None
         for _, _, calls in ctx.blocks:
             for c in calls:
                 mask = ctx.ranges.mask(c, v.dtype, v.device)[0] if c.masked else None
-                dq, dk, dv = backward(
+                tiles = (
                     _tile(d_out, c.r0, c.r1),
                     _tile(qs[c.s], c.r0, c.r1),
                     ctx.ranges.keys(ks, c),
@@ -237,60 +248,139 @@ class _Merged(torch.autograd.Function):
                     mask,
                     ctx.scale,
                 )
+                if d_bias is not None:  # the explicit tile: its logits' gradient is the bias's
+                    dq, dk, dv, ds = _lse_kernels.scores_backward(*tiles)
+                    _add_bias_grad(d_bias, ds, c)
+                else:
+                    dq, dk, dv = ctx.kernel.backward(*tiles)
                 d_qs[c.s][:, :, c.r0 : c.r1] += dq
                 ctx.ranges.keys(d_ks, c).add_(dk)
                 d_v[:, :, c.c0 : c.c1] += dv
         grads = [g.to(t.dtype) for g, t in zip((*d_qs, *d_ks, d_v), (*qs, *ks, v), strict=True)]
+        if d_bias is not None:
+            grads.append(d_bias.to(bias.dtype))
         return (None, None, None, None, None, *grads)
 
 
+def _add_bias_grad(d_bias: torch.Tensor, ds: torch.Tensor, c: Call) -> None:
+    """Add call ``c``'s logit gradients ``ds`` ``(batch, heads, rows, cols)`` into the bias's
+    ``d_bias`` (4-D), summed over every dimension the bias broadcasts along."""
+    dims = [i for i in (0, 1) if d_bias.shape[i] == 1 and ds.shape[i] > 1]
+    rows, cols = d_bias.shape[-2] > 1, d_bias.shape[-1] > 1
+    dims += [i for i, keep in ((2, rows), (3, cols)) if not keep]
+    if dims:
+        ds = ds.sum(dims, keepdim=True)
+    view = d_bias[..., c.r0 : c.r1, :] if rows else d_bias
+    view = view[..., c.c0 : c.c1] if cols else view
+    view += ds
+
+
 def _differentiated(
-    ctx: object, qs: tuple, ks: tuple, v: torch.Tensor, d_out: torch.Tensor
+    ctx: Any,
+    qs: tuple,
+    ks: tuple,
+    v: torch.Tensor,
+    d_out: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> list[torch.Tensor]:
     """The backward as operations autograd can differentiate again: the merged attention
     recomputed from explicit tiles and merged out of place, then its gradient with
-    ``create_graph`` (the flash kernels' backward has no derivative of its own)."""
+    ``create_graph`` (the flash kernels' backward has no derivative of its own). ``bias`` is
+    the saved bias where it wants a gradient (the masks are rebuilt from it, so the second
+    derivative reaches it too)."""
     inputs = (*qs, *ks, v)
+    ranges = ctx.ranges
+    if bias is not None:
+        ranges = dataclasses.replace(ranges, bias=bias)
+        inputs = (*inputs, bias)
     with torch.enable_grad():
-        out = _recomputed(ctx, qs, ks, v)
+        out = _recomputed(ctx.blocks, ranges, ctx.scale, qs, ks, v)
     grads = torch.autograd.grad(out, inputs, d_out, create_graph=True, allow_unused=True)
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs, strict=True)]
 
 
-def _recomputed(ctx: Any, qs: tuple, ks: tuple, v: torch.Tensor) -> torch.Tensor:
+def _recomputed(
+    blocks: list, ranges: Ranges, scale: float, qs: tuple, ks: tuple, v: torch.Tensor
+) -> torch.Tensor:
+    """The merged attention from explicit tiles, every step differentiable twice: each call's
+    rows folded into the block's by the largest log-sum-exp (no logaddexp: its derivative's
+    derivative is nan where one side is :data:`BLIND`)."""
     b, h = qs[0].shape[:2]
     wide = torch.promote_types(v.dtype, torch.float32)
     rows = []
-    for r0, r1, calls in ctx.blocks:
+    for r0, r1, calls in blocks:
         out = v.new_zeros((b, h, r1 - r0, v.shape[-1]), dtype=wide)
         lse = v.new_full((b, h, r1 - r0), BLIND, dtype=wide)
         for c in calls:
-            mask, blind = ctx.ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
+            mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
             if mask is not None and blind is not None:  # computed as seen, then dropped: no nan
                 mask = mask.masked_fill(blind[..., None], 0.0)
-            tiles = (_tile(qs[c.s], c.r0, c.r1), ctx.ranges.keys(ks, c), _tile(v, c.c0, c.c1))
-            o, m = _lse_kernels.TILES.forward(*tiles, mask, ctx.scale)
+            tiles = (_tile(qs[c.s], c.r0, c.r1), ranges.keys(ks, c), _tile(v, c.c0, c.c1))
+            o, m = _lse_kernels.TILES.forward(*tiles, mask, scale)
             if blind is not None:
                 blind = blind.expand_as(m)
                 m, o = m.masked_fill(blind, BLIND), o.masked_fill(blind[..., None], 0.0)
             before, after = c.r0 - r0, r1 - c.r1  # the call's rows placed in the block's
             o = torch.nn.functional.pad(o.to(wide), (0, 0, before, after))
             m = torch.nn.functional.pad(m.to(wide), (before, after), value=BLIND)
-            total = torch.logaddexp(lse, m)
-            out = out * (lse - total).exp().unsqueeze(-1) + o * (m - total).exp().unsqueeze(-1)
-            lse = total
+            top = torch.maximum(lse, m)
+            keep, take = (lse - top).exp(), (m - top).exp()
+            total = keep + take
+            out = (out * keep.unsqueeze(-1) + o * take.unsqueeze(-1)) / total.unsqueeze(-1)
+            lse = top + total.log()
         rows.append(out)
     return torch.cat(rows, dim=2).to(v.dtype)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
     """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place (``m``
-    is finite: a blind row's is :data:`BLIND`)."""
-    total = torch.logaddexp(lse, m)
-    keep = torch.sub(lse, total).exp_().unsqueeze_(-1)
-    take = torch.sub(m, total).exp_().unsqueeze_(-1)
-    out.mul_(keep).add_(o * take)
-    lse.copy_(total)
+    is finite: a blind row's is :data:`BLIND`). The two are weighed relative to the larger
+    log-sum-exp and normalised by the weights' sum, not by ``exp(lse)``: two calls whose
+    log-sum-exps round to the same large value (a fill of -1e9 on every key) weigh 1/2 each."""
+    top = torch.maximum(lse, m)
+    keep = torch.sub(lse, top).exp_()
+    take = torch.sub(m, top).exp_()
+    total = keep + take
+    out.mul_((keep / total).unsqueeze_(-1)).add_(o * (take / total).unsqueeze_(-1))
+    lse.copy_(top.add_(total.log_()))
+
+
+def row_shift(ranges: Ranges, blocks: list, dtype: torch.dtype) -> torch.Tensor:
+    """Per query row, the largest bias among the keys it sees, ``(B or 1, heads or 1, q_len)``
+    (0 for a row that sees none): subtracted from the row's bias, it changes no softmax, and
+    keeps every call's log-sum-exp near the scale of the logits. Without it a row whose keys all
+    carry a large finite fill (a padded query row under a hand-written -1e9 mask) has
+    log-sum-exps that round to the fill in float32, and the calls cannot be weighed."""
+    shift: torch.Tensor | None = None
+    assert ranges.bias is not None
+    for _, _, calls in blocks:
+        for c in calls:
+            tile = ranges.mask(c, dtype, ranges.bias.device)[0].amax(-1)
+            if shift is None:
+                shift = tile.new_full((*tile.shape[:2], blocks[-1][1]), -INF)
+            part = shift[..., c.r0 : c.r1]
+            torch.maximum(part, tile, out=part)
+    assert shift is not None
+    return shift.masked_fill_(shift == -INF, 0.0)
+
+
+# A bias whose finite entries all lie within this of 0 needs no shift: its rows' log-sum-exps
+# are of the order of the logits', as without a bias.
+_SHIFT_FREE = 16.0
+
+
+def _needs_shift(bias: torch.Tensor) -> bool:
+    """Whether a float bias has a finite entry (one not hiding its key) beyond
+    :data:`_SHIFT_FREE`; read in slices of rows, so nothing of the bias's size is formed."""
+    if bias.dtype == torch.bool:
+        return False
+    floor = torch.finfo(bias.dtype).min / 2
+    step = max(1, (1 << 22) // max(1, bias[..., :1, :].numel()))
+    for r0 in range(0, bias.shape[-2], step):
+        part = bias[..., r0 : r0 + step, :]
+        if bool(((part.abs() > _SHIFT_FREE) & (part > floor)).any()):
+            return True
+    return False
 
 
 def attention(
@@ -309,7 +399,8 @@ def attention(
         qs: per set, queries ``(batch, heads, q_len, dim)`` rotated by its positions.
         ks: per set, keys ``(batch, kv_heads, k_len, dim)``, kv_heads dividing heads.
         v: ``(batch, kv_heads, k_len, v_dim)``.
-        ranges: see :class:`Ranges`.
+        ranges: see :class:`Ranges`; a bias of fewer than 4 dimensions is read as
+            broadcasting from the right, and gets its gradient where it requires one.
         scale: the logit scale.
         fused: False runs the explicit tiles on the CPU too (what other devices run).
 
@@ -321,9 +412,25 @@ def attention(
         if dv < d:
             return attention(qs, ks, _pad(v, d), ranges, scale)[..., :dv]
         qs, ks = [_pad(q, dv) for q in qs], [_pad(k, dv) for k in ks]
+    # The flash kernels read the last dimension as unit-stride whatever its stride says (a
+    # transposed or step-sliced v gave wrong outputs): such a tensor is copied once, here.
+    qs, ks, v = [_unit(q) for q in qs], [_unit(k) for k in ks], _unit(v)
+    bias = ranges.bias
+    if bias is not None and bias.dim() < 4:
+        bias = bias.view((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        ranges = dataclasses.replace(ranges, bias=bias)
     blocks = plan(ranges, qs[0].shape[2])
+    if bias is not None and ranges.shift is None and blocks and _needs_shift(bias):
+        dtype = torch.promote_types(bias.dtype, torch.float32)
+        with torch.no_grad():
+            ranges = dataclasses.replace(ranges, shift=row_shift(ranges, blocks, dtype))
     kernel = kernel_for(qs[0], v, fused)
-    return _Merged.apply(blocks, ranges, scale, kernel, len(qs), *qs, *ks, v)
+    extra = (bias,) if bias is not None and bias.requires_grad else ()
+    return _Merged.apply(blocks, ranges, scale, kernel, len(qs), *qs, *ks, v, *extra)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _pad(x: torch.Tensor, width: int) -> torch.Tensor:

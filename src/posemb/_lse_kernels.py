@@ -87,6 +87,22 @@ def _math_backward(
     mask: torch.Tensor | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, _ = scores_backward(d_out, q, k, v, out, lse, mask, scale)
+    return dq, dk, dv
+
+
+def scores_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The explicit tile's backward, with the gradient of its logits ``(batch, heads, rows,
+    cols)`` too (what an additive bias on them receives); ``out`` and ``lse`` the merged ones."""
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -95,9 +111,15 @@ def _math_backward(
     p = torch.exp(logits - lse[..., None])
     d_v = torch.matmul(p.transpose(-1, -2), d_out)
     d_p = torch.matmul(d_out, v.transpose(-1, -2))
-    d_s = p * (d_p - (d_out * out).sum(-1, keepdim=True)) * scale
+    d_logits = p * (d_p - (d_out * out).sum(-1, keepdim=True))
+    d_s = d_logits * scale
     d_k = torch.matmul(d_s.transpose(-1, -2), q)
-    return torch.matmul(d_s, k), _group_sum(d_k, kv_heads), _group_sum(d_v, kv_heads)
+    return (
+        torch.matmul(d_s, k),
+        _group_sum(d_k, kv_heads),
+        _group_sum(d_v, kv_heads),
+        d_logits,
+    )
 
 
 def _heads(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ gives the distances themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -312,6 +313,8 @@ def _rotate(
     angles = at.to(F64).unsqueeze(-1) * inv.to(at.device, F64)
     cos, sin = (angles.cos() * factor).to(dt), (angles.sin() * factor).to(dt)
     x = x.to(dt)
+    if x.stride(-1) != 1:  # the rotation kernels read the channels at unit stride
+        x = x.contiguous()
     return kernels.rotate(x, x[:, :0], cos, sin, layout=rope.layout, backend=backend)[0]
 
 
@@ -366,17 +369,31 @@ class Visibility:
         bias: added to the logits, broadcasting to ``(batch, heads, q_len, k_len)``: float
             (entries at or below half the dtype's lowest, or -inf, hide the key) or bool
             (True: seen).
+        by_index: ``causal`` and ``window`` count key *indices*, not positions: the query in
+            row r of q_len sees the keys at indices up to ``r + k_len - q_len`` (and, with a
+            window, after ``r + k_len - q_len - window``). What transformers means by
+            ``is_causal`` and by flash attention's window, whatever the positions say (two
+            sequences packed in one row, positions restarting at 0, are one sequence to it).
+        segment: int ``(batch or 1, k_len)`` ids by key index, or None: a query (row r is
+            key index ``r + k_len - q_len``) sees only the keys of its own segment (flash
+            attention's packed sequences, split where the positions restart).
     """
 
     causal: bool = True
     window: int | None = None
     pad: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    by_index: bool = False
+    segment: torch.Tensor | None = None
 
     def hidden(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor | None:
         """The hard part as a bool grid broadcasting to ``(batch, heads, q_len, k_len)``
         (True: hidden), for the reference path; None where nothing is hidden."""
         i, j = _grid(qp, kp)
+        if self.by_index:
+            q_len, k_len = qp.shape[-1], kp.shape[-1]
+            i = torch.arange(q_len, device=qp.device).unsqueeze(-1) + (k_len - q_len)
+            j = torch.arange(k_len, device=qp.device).unsqueeze(-2)
         hidden = None
         if self.causal:
             hidden = j > i
@@ -390,6 +407,10 @@ class Visibility:
         if self.bias is not None:
             soft = _lse.hard(self.bias, torch.float32) == -_lse.INF
             hidden = soft if hidden is None else hidden | soft
+        if self.segment is not None:
+            seg = self.segment.to(qp.device)
+            other = (seg[:, seg.shape[-1] - qp.shape[-1] :, None] != seg[:, None, :])[:, None]
+            hidden = other if hidden is None else hidden | other
         return hidden
 
 
@@ -499,6 +520,7 @@ def attend(
     Returns ``(batch, heads, q_len, v_dim)`` in q's dtype (the patched transformers
     attention's core)."""
     out_dtype = q.dtype
+    vis = _checked_bias(vis, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
     top = max(int(t.max()) for t in (qp, kp) if t.numel()) if qp.numel() or kp.numel() else 0
     inv, factor = rope.schedule(top + 1)
     # One arithmetic dtype for all three: float64 if any is, else float32.
@@ -525,10 +547,60 @@ def attend(
         ks.append(
             _rotate(k[:, :, lo:hi], k_at[..., lo:hi], inv, factor, rope, dt, "auto").to(calls)
         )
-    if not used:
-        return q.new_zeros((*q.shape[:3], v.shape[-1]))
+    if not used:  # no query sees any key: zeros, connected to the inputs (zero gradients)
+        return nothing_seen(q, k, v, vis.bias).to(out_dtype)
     ranges = ranges.keep(used, first)
     return _lse.attention(qs, ks, v.to(calls), ranges, s).to(out_dtype)
+
+
+def _checked_bias(vis: Visibility, shape: tuple[int, int, int, int]) -> Visibility:
+    """``vis`` with its bias checked against the logits' ``shape`` (batch, heads, q_len,
+    k_len) and viewed as 4-D (a bias of fewer dimensions broadcasts from the right)."""
+    bias = vis.bias
+    if bias is None:
+        return vis
+    if not isinstance(bias, torch.Tensor) or not (
+        bias.is_floating_point() or bias.dtype == torch.bool
+    ):
+        raise InputError(
+            f"bias must be a float or bool tensor broadcasting to (batch, heads, q_len, "
+            f"k_len) = {shape}, got {getattr(bias, 'dtype', type(bias).__name__)}"
+        )
+    fits = bias.dim() <= 4 and all(
+        n in (1, want) for n, want in zip(reversed(bias.shape), reversed(shape), strict=False)
+    )
+    if not fits:
+        raise InputError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to (batch, heads, q_len, "
+            f"k_len) = {shape}"
+        )
+    if bias.dim() < 4:
+        bias = bias.view((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    return dataclasses.replace(vis, bias=bias)
+
+
+class _NothingSeen(torch.autograd.Function):
+    """Zeros ``(batch, heads, q_len, v_dim)`` for an attention in which no query sees any key,
+    with a zero gradient for every input (as torch's attention gives), not an output cut off
+    from autograd."""
+
+    @staticmethod
+    def forward(ctx, shape, dtype, *inputs):
+        ctx.metas = [(t.shape, t.dtype) for t in inputs]
+        return inputs[0].new_zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        return (None, None, *(d_out.new_zeros(s, dtype=dt) for s, dt in ctx.metas))
+
+
+def nothing_seen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The output of an attention whose queries see no key: zeros ``(batch, heads, q_len,
+    v_dim)`` in q's dtype, differentiable (zero gradients) for q, k, v and a float bias."""
+    inputs = [q, k, v] + ([bias] if bias is not None and bias.is_floating_point() else [])
+    return _NothingSeen.apply((*q.shape[:3], v.shape[-1]), q.dtype, *inputs)
 
 
 def _ranges(
@@ -537,6 +609,8 @@ def _ranges(
     """Per set, the range of key indices each query takes its pairs from, when every
     sequence's unpadded key positions are in increasing order (None otherwise: the reference
     path serves it). Padded keys take the position before them (they are hidden anyway)."""
+    if vis.segment is not None:  # packed sequences: their positions restart, out of order
+        return None
     qp2 = (qp if qp.dim() == 2 else qp.unsqueeze(0)).to("cpu", torch.int64)
     keys = (kp if kp.dim() == 2 else kp.unsqueeze(0)).to("cpu", torch.int64)
     pad = None
@@ -549,17 +623,37 @@ def _ranges(
     rows = max(qp2.shape[0], ordered.shape[0])
     ordered = ordered.expand(rows, -1).contiguous()
     starts, ends = [], []
+    by_position = not vis.by_index
     for lo, hi in method.key_bounds(qp2):
-        if vis.causal:
+        if vis.causal and by_position:
             hi = torch.minimum(hi, qp2)
-        if vis.window is not None:
+        if vis.window is not None and by_position:
             lo = torch.maximum(lo, qp2 - vis.window + 1)
             if not vis.causal:
                 hi = torch.minimum(hi, qp2 + vis.window - 1)
         lo, hi = lo.expand(rows, -1).contiguous(), hi.expand(rows, -1).contiguous()
-        starts.append(torch.searchsorted(ordered, lo).numpy())
-        ends.append(torch.searchsorted(ordered, hi, right=True).numpy())
+        start = torch.searchsorted(ordered, lo)
+        end = torch.searchsorted(ordered, hi, right=True)
+        if vis.by_index:
+            start, end = _index_bounds(vis, start, end, ordered.shape[-1])
+        starts.append(start.numpy())
+        ends.append(end.numpy())
     return _lse.Ranges(starts, ends, None if pad is None else pad.numpy(), vis.bias)
+
+
+def _index_bounds(
+    vis: Visibility, start: torch.Tensor, end: torch.Tensor, k_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key index ranges ``(rows, q_len)`` narrowed by causality and the window counted in
+    indices (:attr:`Visibility.by_index`): row r is the key index ``r + k_len - q_len``."""
+    at = torch.arange(start.shape[-1]) + (k_len - start.shape[-1])
+    if vis.causal:
+        end = torch.minimum(end, at + 1)
+    if vis.window is not None:
+        start = torch.maximum(start, at - vis.window + 1)
+        if not vis.causal:
+            end = torch.minimum(end, at + vis.window)
+    return start, torch.maximum(end, start)
 
 
 def _ordered_unpadded(keys: torch.Tensor, pad: torch.Tensor) -> bool:
@@ -596,6 +690,8 @@ def _reference(
             qr = _rotate(q, q_at, inv, factor, rope, dt)
             kr = _rotate(k, k_at, inv, factor, rope, dt).repeat_interleave(group, dim=1)
             sets.append((qr, kr, region, live))
+    if not sets:
+        return nothing_seen(q, k, v, vis.bias)
     vv = v.to(dt).repeat_interleave(group, dim=1)
     out = vv.new_zeros((b, hq, q_len, v.shape[-1]))
     rows = max(1, min(q_len, _BLOCK_ELEMENTS // max(1, b * hq * k_len)))
@@ -645,7 +741,9 @@ def _block(
         # -inf outside its region; the regions are disjoint, so at each pair one set's logit
         # is finite and the running maximum takes exactly it.
         part.masked_fill_(~_pairs(region[..., r0:r1, lo:hi]), float("-inf"))
-        if part.requires_grad:  # autograd: no writes into views; padded to the block instead
+        if part.requires_grad or _checks.tracing():
+            # Autograd and torch.func transforms (vmap has no rule for maximum's out=): no
+            # writes into views; padded to the block instead.
             padded = torch.nn.functional.pad(part, (lo - c0, c1 - hi), value=float("-inf"))
             logits = torch.maximum(logits, padded)
         else:
@@ -654,12 +752,33 @@ def _block(
     if bias is not None:  # the soft part; the hard part is in hidden
         soft = _rows_of(bias, r0, r1)
         soft = _lse.hard(soft[..., c0:c1] if soft.shape[-1] > 1 else soft, dt)
-        logits = logits + soft.masked_fill(soft == float("-inf"), 0.0)
+        soft = soft.masked_fill(soft == float("-inf"), 0.0)
+        logits = logits + (soft - _row_top(soft, logits, hidden, r0, r1, c0, c1))
     if hidden is not None:  # (..., q_len or 1, k_len): a padding mask has one row for all
         rows = _rows_of(hidden, r0, r1)
         rows = rows[..., c0:c1] if rows.shape[-1] > 1 else rows
         logits = logits.masked_fill(rows, float("-inf"))
     return logits, c0, c1
+
+
+def _row_top(
+    soft: torch.Tensor,
+    logits: torch.Tensor,
+    hidden: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    c0: int,
+    c1: int,
+) -> torch.Tensor:
+    """Per row, the largest bias among the keys it sees (0 where it sees none), detached:
+    subtracted from the row it changes no softmax, and keeps a large fill on every key (-1e9)
+    from rounding the logits away (as :func:`posemb._lse.row_shift` does for the fused path)."""
+    seen = torch.isfinite(logits)
+    if hidden is not None:
+        rows = _rows_of(hidden, r0, r1)
+        seen = seen & ~(rows[..., c0:c1] if rows.shape[-1] > 1 else rows)
+    top = soft.detach().expand_as(logits).masked_fill(~seen, -float("inf")).amax(-1, keepdim=True)
+    return top.masked_fill(top == -float("inf"), 0.0)
 
 
 def _rows_of(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:

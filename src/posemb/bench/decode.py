@@ -32,7 +32,6 @@ import copy
 import inspect
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,7 +41,8 @@ from .._errors import InputError
 from .._extras import require
 from ..kernels.layout import Layout
 from ..rope import RotaryEmbedding
-from .kernels import Machine, bench_device, describe_machine, machine
+from .kernels import bench_device, describe_machine, machine
+from .rows import DecodeRow
 from .timing import rounds
 
 LAYERS = 32
@@ -53,26 +53,6 @@ BATCHES = (1, 8)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 REFERENCE = "transformers"
 CONTROL = "transformers, a second copy"
-
-
-@dataclass
-class DecodeRow(Machine):
-    """One measurement of ``posemb bench --decode``."""
-
-    part: str
-    batch: int
-    dtype: str
-    method: str
-    median_us: float
-    """Per call: per layer for ``layer``, per step for ``step`` and ``model``."""
-    p20_us: float
-    p80_us: float
-    vs_transformers: float | None
-    """Median over rounds of transformers' time over this method's (>1: faster)."""
-    calls: int
-    host_us: float = 0.0
-    """Median per call until the call returned to Python (checks, dispatch, launches): on the
-    CPU the whole call; on a GPU the host's share, the part a CUDA graph removes."""
 
 
 def _layer(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> dict[str, Callable]:

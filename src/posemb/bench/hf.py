@@ -36,6 +36,7 @@ from torch import nn
 from .._errors import InputError
 from .._extras import require
 from .kernels import bench_device, describe_machine, machine
+from .rows import HFRow
 from .timing import rounds
 
 PARTS = ("decoder layer", "model", "rotation")
@@ -61,39 +62,6 @@ class Setup:
 
 
 QUICK = Setup(layers=2, width=128, heads=4, kv_heads=2, intermediate=256, vocab=512, seq=64)
-
-
-@dataclass
-class HFRow:
-    """One measurement of ``posemb bench --hf``."""
-
-    part: str
-    mode: str
-    method: str
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    vs_eager: float | None
-    rotation_share: float | None
-    """The rotation's time (part ``rotation``, same method and mode) over this step's time."""
-    setup: str
-    dtype: str
-    device: str
-    device_name: str
-    threads: int
-    torch: str
-    transformers: str
-    posemb: str
-    timestamp: str
-    cpu_op: str | None = None
-    """Where the CPU op came from and its variant (what ``patch_rotary fused`` ran)."""
-    arch: str | None = None
-    python: str | None = None
-    rotary_embedding_torch: str | None = None
-    triton: str | None = None
-    liger_kernel: str | None = None
-    flash_attn: str | None = None
-    absent: str = ""
 
 
 def _config(setup: Setup) -> Any:
@@ -358,10 +326,9 @@ def summary(rows: list[HFRow]) -> str:
 
 
 def __getattr__(name: str) -> object:
-    # is_bench_csv moved to posemb.bench.outputs, which sits above every bench; imported by
-    # name here so that this module does not import a module above it.
+    # is_bench_csv moved to posemb.bench.outputs (its code to posemb.bench.rows, below
+    # every bench, which this module imports anyway).
     if name == "is_bench_csv":
-        import importlib
         import warnings
 
         warnings.warn(
@@ -369,7 +336,9 @@ def __getattr__(name: str) -> object:
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module("posemb.bench.outputs").is_bench_csv
+        from .rows import is_bench_csv
+
+        return is_bench_csv
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

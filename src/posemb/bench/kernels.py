@@ -26,7 +26,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from .._io import atomic_write_bytes
 from .._version import __version__
 from ..kernels.reference import apply_rope
 from ..rope import RotaryEmbedding
+from .rows import MACHINE_FIELDS, Machine, Row
 
 logger = logging.getLogger("posemb.bench")
 
@@ -50,71 +51,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MODES = ("forward", "backward", "both")
 
 
-@dataclass
-class Row:
-    """One measurement, a row of the long-format CSV."""
-
-    shape_name: str
-    shape: str
-    dtype: str
-    mode: str
-    method: str
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    gbps: float | None
-    vs_bandwidth: float | None
-    vs_hf_eager: float | None
-    first_call_ms: float
-    device: str
-    device_name: str
-    threads: int
-    torch: str
-    posemb: str
-    transformers: str | None
-    triton: str | None
-    timestamp: str
-    cpu_op: str | None = None
-    """Where the CPU op came from and its instruction-set variant, e.g. ``"wheel avx2"``."""
-    arch: str | None = None
-    python: str | None = None
-    rotary_embedding_torch: str | None = None
-    liger_kernel: str | None = None
-    flash_attn: str | None = None
-    absent: str = ""
-    """The peer libraries not installed in this run (so their methods have no rows)."""
-    host_ms: float | None = None
-    """Median until the call returned to Python (forward rows timed in pairs): on the CPU the
-    whole call; on a GPU the host's share (checks, dispatch, launches)."""
-
-
-@dataclass(kw_only=True)
-class Machine:
-    """Where and when a measurement ran (:func:`machine`'s keys), as fields of the rows of the
-    benches added after 0.2 (``--decode``, ``--norm``); keyword-only, so a row's own fields
-    keep their positions."""
-
-    device: str
-    device_name: str
-    threads: int
-    torch: str
-    posemb: str
-    transformers: str | None
-    triton: str | None
-    timestamp: str
-    cpu_op: str | None = None
-    arch: str | None = None
-    python: str | None = None
-    rotary_embedding_torch: str | None = None
-    liger_kernel: str | None = None
-    flash_attn: str | None = None
-    absent: str = ""
-
-
-# The columns added in 0.2 (the machine in full): a CSV written before them has none of them.
-MACHINE_FIELDS = (
-    "arch", "python", "rotary_embedding_torch", "liger_kernel", "flash_attn", "absent"
-)  # fmt: skip
 # The peers a run compares with, by distribution name; None where not installed.
 PEERS = {
     "transformers": "transformers",
@@ -556,9 +492,11 @@ def summary(rows: list[Row], one_off: dict[str, float]) -> str:
 
 
 __all__ = [
+    "MACHINE_FIELDS",
     "MODES",
     "QUICK_SHAPES",
     "SHAPES",
+    "Machine",
     "Row",
     "cpu_model",
     "describe_machine",

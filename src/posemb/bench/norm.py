@@ -23,14 +23,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from .. import kernels
 from ..kernels.reference import apply_rope
 from ..rope import RotaryEmbedding
-from .kernels import Machine, bench_device, describe_machine, machine
+from .kernels import bench_device, describe_machine, machine
+from .rows import NormRow
 from .timing import rounds
 
 SHAPE_Q, SHAPE_K = (4, 32, 2048, 128), (4, 8, 2048, 128)
@@ -38,27 +38,6 @@ QUICK_Q, QUICK_K = (1, 4, 64, 64), (1, 2, 64, 64)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
 TWO_STEP = "rms_norm + rotate"
-
-
-@dataclass
-class NormRow(Machine):
-    """One measurement of ``posemb bench --norm``."""
-
-    shape: str
-    dtype: str
-    mode: str
-    method: str
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    gbps: float | None
-    vs_two_step: float | None
-    """Median over rounds of ``rms_norm + rotate``'s time over this method's (>1: faster)."""
-    vs_method: float | None
-    """This method's time over the paired comparison's (``rotate alone`` forward, the compiled
-    two steps forward+backward), median over rounds."""
-    compared_with: str | None
-    first_call_ms: float
 
 
 def _methods(q, k, cos, sin, qw, kw) -> dict[str, Callable[..., tuple]]:

@@ -26,8 +26,9 @@ the record of positions follows transformers' crop and reorder (:mod:`.extension
 
 from __future__ import annotations
 
-import inspect
+import functools
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -122,66 +123,114 @@ def _renames(module_name: str) -> dict[str, str]:
     }
 
 
-class ExtendedForward:
-    """The ``forward`` of one attention module under :func:`patch_extension`.
+class ExtendedAttention(rebind.Swapped):
+    """The class of an attention module under :func:`patch_extension`: a subclass of its own
+    class and of this one (same names; the class itself is never touched) whose ``forward`` is
+    the class's with q and k left unrotated and posemb's attention. The method and the rope
+    are the module's own (an attribute, so patching again swaps the method in place).
 
-    Its class's ``forward`` with q and k left unrotated and posemb's attention. Before it runs,
-    the call is checked (dropout, the mask's form, the cache layer it will write: a cache of
-    rotated keys, another kind of cache, a batch that does not match the keys' positions), and
-    a call that fails inside leaves the layer as it was; after it, the layer records the
-    positions of its keys. Pickles as the module and the method.
+    Before the forward runs, the call is checked (dropout, the mask's form, the cache layer it
+    will write: a cache of rotated keys, another kind of cache, a batch that does not match the
+    keys' positions), and a call that fails inside leaves the layer as it was; after it, the
+    layer records the positions of its keys. Copies, replicas and pickles keep the class and
+    compute with their own weights (see :class:`posemb.hf.rebind.Swapped`).
     """
 
-    def __init__(self, module: nn.Module, method: Extension, rope: RotaryEmbedding) -> None:
-        self._module, self.method, self.rope = module, method, rope
-        forward = type(module).forward
-        assert isinstance(forward, types.FunctionType)  # _plan checked it
-        fn = rebind.rebuilt(forward, _renames(type(module).__module__))
-        self._bound = types.MethodType(fn, module)
-        self.__signature__ = inspect.signature(self._bound)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is ExtendedAttention:  # ExtendedForward(module, method, rope): an old pickle
+            return _extended_again(*args, **kwargs)
+        return super().__new__(cls)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self._module
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        if self.__dict__.get("forward") is _REPLACED:
+            del self.__dict__["forward"]
+
+    @property
+    def posemb_extension(self) -> tuple[Extension, RotaryEmbedding]:
+        """The method and the model's rope this attention runs under."""
+        return self.__dict__[_STATE]
+
+
+_STATE = "_posemb_extension_state"
+_REPLACED = object()  # an earlier release's instance forward, dropped by __setstate__
+_extended_classes: dict[type, type] = {}
+
+
+def extended_class(base: Any) -> type:
+    """The :class:`ExtendedAttention` subclass of attention class ``base`` (one per process)."""
+    if base not in _extended_classes:
+        forward = base.forward
+        assert isinstance(forward, types.FunctionType)  # _plan checked it
+        fn = rebind.rebuilt(forward, _renames(base.__module__))
+        _extended_classes[base] = rebind.subclass(
+            base, ExtendedAttention, {"forward": _checked_forward(fn)}, (extended_class, (base,))
+        )
+    return _extended_classes[base]
+
+
+def _extended_again(module: nn.Module, method: Extension, rope: RotaryEmbedding) -> object:
+    """Unpickling a model an earlier posemb pickled under patch_extension (its forward was an
+    instance attribute): the module's class swapped, the method and rope kept."""
+    module.__class__ = extended_class(type(module))
+    module.__dict__[_STATE] = (method, rope)
+    return _REPLACED
+
+
+def _checked_forward(fn: types.FunctionType) -> Any:
+    """The extended ``forward``: the call checked, ``fn`` run, the cache layer's record kept."""
+
+    @functools.wraps(fn)  # inspect.signature follows __wrapped__ to the class's parameters
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        method, rope = self.__dict__[_STATE]
         qp = kwargs.get("position_ids")
         if not isinstance(qp, torch.Tensor):
             raise InputError(
-                f"{type(module).__name__} under patch_extension needs position_ids (the "
+                f"{type(self).__name__} under patch_extension needs position_ids (the "
                 f"decoder layer passes them); got {type(qp).__name__}"
             )
         qp = _checks.positions(qp, max_dim=2, name="position_ids")
         qp = qp.unsqueeze(0) if qp.dim() == 1 else qp
         _checks.within_limit("position_ids", qp)
-        dropout = getattr(module, "attention_dropout", 0.0) if module.training else 0.0
+        dropout = getattr(self, "attention_dropout", 0.0) if self.training else 0.0
         if dropout:
             raise InputError(dropout_message(dropout))
         check_form(kwargs.get("attention_mask", args[2] if len(args) > 2 else None))
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        layer = layer_of(cache, getattr(module, "layer_idx", None))
+        layer = layer_of(cache, getattr(self, "layer_idx", None))
         states = kwargs.get("hidden_states", args[0] if args else None)
         batch = states.shape[0] if isinstance(states, torch.Tensor) else qp.shape[0]
         record = held(layer, batch)
         positions = qp if record is None else join(record, qp)
-        kwargs.update(position_ids=qp, **{_KEY: (self.method, self.rope, positions)})
+        kwargs.update(position_ids=qp, **{_KEY: (method, rope, positions)})
         before = snapshot(layer)
         token = inside.set(True)
         try:
-            out = self._bound(*args, **kwargs)
+            out = fn(self, *args, **kwargs)
         except BaseException:
             restore(layer, before)
             raise
         finally:
             inside.reset(token)
-        layer = layer_of(cache, getattr(module, "layer_idx", None))
+        layer = layer_of(cache, getattr(self, "layer_idx", None))
         if layer is not None:
             remember(layer, positions)
         return out
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ExtendedForward, (self._module, self.method, self.rope))
+    return forward
 
 
 def __getattr__(name: str) -> type:
-    """Unpickling a tagged cache layer: its class, made again from transformers' own."""
+    """Unpickling a tagged cache layer: its class, made again from transformers' own; and
+    ``ExtendedForward``, the name :class:`ExtendedAttention` had before this release."""
+    if name == "ExtendedForward":
+        warnings.warn(
+            f"{__name__}.ExtendedForward is renamed {__name__}.ExtendedAttention (the patched "
+            f"module's class, no longer an object in its __dict__)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ExtendedAttention
     if name.startswith("Unrotated"):
         from transformers import cache_utils
 
@@ -197,7 +246,7 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     found = []
     for name, module in text_modules(model):
-        forward = getattr(type(module), "forward", None)
+        forward = getattr(rebind.base_of(type(module)), "forward", None)
         if not isinstance(forward, types.FunctionType):
             continue
         from .fused import _innermost
@@ -227,7 +276,7 @@ def _plan(model: nn.Module, method: Extension) -> list[tuple[str, nn.Module, Rot
         )
     kinds = FAMILIES[model_type]
     ropes: dict[str | None, RotaryEmbedding] = {}
-    plan = []
+    plan: list[tuple[str, nn.Module, RotaryEmbedding]] = []
     for name, module in _attention_modules(model):
         layer_type = getattr(module, "layer_type", None)
         if kinds is not None and layer_type not in kinds:
@@ -235,8 +284,8 @@ def _plan(model: nn.Module, method: Extension) -> list[tuple[str, nn.Module, Rot
         if isinstance(method, DualChunk) and not getattr(module, "is_causal", True):
             raise InputError(f"{name} attends both ways; DualChunk is defined for causal only")
         current = module.__dict__.get("forward")
-        if isinstance(current, ExtendedForward):
-            plan.append((name, module, current.rope))
+        if isinstance(module, ExtendedAttention) and current is None:
+            plan.append((name, module, module.posemb_extension[1]))
             continue
         if is_fused(module) or current is not None or "_old_forward" in module.__dict__:
             raise InputError(
@@ -244,7 +293,8 @@ def _plan(model: nn.Module, method: Extension) -> list[tuple[str, nn.Module, Rot
                 f"({type(current).__name__}); patch_extension rebinds the class's forward "
                 f"(unpatch_rotary a fused model first)"
             )
-        missing = [n for n in _NEEDS if n not in _innermost(type(module).forward).__code__.co_names]
+        own = rebind.base_of(type(module)).forward
+        missing = [n for n in _NEEDS if n not in _innermost(own).__code__.co_names]
         if missing:
             raise InputError(
                 f"{type(module).__name__} does not call {', '.join(missing)}; patch_extension "
@@ -341,12 +391,10 @@ def patch_extension(model: nn.Module, method: Extension) -> list[str]:
             changed.
     """
     plan = _plan(model, method)
-    for _, module, rope in plan:
-        current = module.__dict__.get("forward")
-        if isinstance(current, ExtendedForward):
-            current.method = method
-        else:
-            module.forward = ExtendedForward(module, method, rope)
+    classes = [extended_class(rebind.base_of(type(module))) for _, module, _ in plan]
+    for (_, module, rope), cls in zip(plan, classes, strict=True):
+        module.__class__ = cls
+        module.__dict__[_STATE] = (method, rope)
     _hook(model, plan)
     return [name for name, _, _ in plan]
 
@@ -358,8 +406,9 @@ def unpatch_extension(model: nn.Module) -> list[str]:
     model for that): start a new one."""
     restored = []
     for name, module in model.named_modules():
-        if isinstance(module.__dict__.get("forward"), ExtendedForward):
-            del module.forward
+        if isinstance(module, ExtendedAttention):
+            module.__class__ = rebind.base_of(type(module))
+            module.__dict__.pop(_STATE, None)
             restored.append(name)
         if _HOOK in module.__dict__:  # a cache the patch wrote stays refused as a whole
             _install(module, TaggedCacheGuard())
@@ -369,10 +418,16 @@ def unpatch_extension(model: nn.Module) -> list[str]:
 def extension_of(model: nn.Module) -> Extension | None:
     """The method :func:`patch_extension` set on ``model``, or None."""
     for module in model.modules():
-        forward = module.__dict__.get("forward")
-        if isinstance(forward, ExtendedForward):
-            return forward.method
+        if isinstance(module, ExtendedAttention):
+            return module.posemb_extension[0]
     return None
 
 
-__all__ = ["FAMILIES", "ExtendedForward", "extension_of", "patch_extension", "unpatch_extension"]
+__all__ = [
+    "FAMILIES",
+    "ExtendedAttention",
+    "extended_class",
+    "extension_of",
+    "patch_extension",
+    "unpatch_extension",
+]

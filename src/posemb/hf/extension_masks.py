@@ -52,8 +52,11 @@ def visibility(
     causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
     window = kwargs.get("sliding_window")
     window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
+    # Without a 4-D mask, causality and the window are flash attention's and sdpa's is_causal:
+    # by key index, whatever position_ids say; only flash attention splits packed sequences.
     if mask is None:
-        return Visibility(causal=causal, window=window)
+        segment = _packed(module, kwargs, qp, shape) if _flash_form(module) else None
+        return Visibility(causal=causal, window=window, by_index=True, segment=segment)
     if _is_block_mask(mask):
         return _from_dense(_dense_block_mask(mask, b, q_len, k_len), qp, kp, causal)
     check_form(mask)
@@ -64,12 +67,56 @@ def visibility(
             f"patch_extension needs a DynamicCache"
         )
     if mask.dim() == 2:
-        return Visibility(causal=causal, window=window, pad=mask == 0)
+        return Visibility(causal=causal, window=window, pad=mask == 0, by_index=True)
     if mask.shape[-2] not in (1, q_len):
         raise InputError(
             f"the attention mask has {mask.shape[-2]} query rows, the call {q_len} queries"
         )
     return _from_dense(mask, qp, kp, causal)
+
+
+def _flash_form(module: nn.Module) -> bool:
+    """Whether the model's attention implementation takes flash attention's mask (None or
+    2-D, packed sequences found at attention time), by the mask function transformers pairs
+    with it (the implementation's name may be anything a hub kernel registers)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    name = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    try:
+        return ALL_MASK_ATTENTION_FUNCTIONS[name] is flash_attention_mask
+    except (KeyError, TypeError):
+        return False
+
+
+def _packed(
+    module: nn.Module, kwargs: dict[str, Any], qp: torch.Tensor, shape: tuple[int, int, int]
+) -> torch.Tensor | None:
+    """The segment of each key ``(1, k_len)`` where flash attention runs the call as packed
+    sequences (``cu_seq_lens_k`` given, or one row whose positions restart: each sequence
+    starts where the position is the row's lowest), else None; what it cannot express is
+    refused by name."""
+    b, q_len, k_len = shape
+    cu = kwargs.get("cu_seq_lens_k")
+    if isinstance(cu, torch.Tensor):
+        if b != 1 or q_len != k_len:
+            raise InputError(
+                f"patch_extension reads cu_seq_lens_k for one row of packed sequences with no "
+                f"cache before it; got batch {b}, {q_len} queries over {k_len} keys"
+            )
+        starts = cu.to("cpu", torch.int64)[1:-1]
+    elif b == 1 and q_len > 1 and bool((qp - qp.min() != torch.arange(q_len)).any()):
+        if q_len != k_len:
+            raise InputError(
+                f"packed sequences (position_ids that restart) under flash attention with a "
+                f"cache of {k_len - q_len} earlier keys: transformers itself cannot run them"
+            )
+        starts = (qp[0] == qp.min()).nonzero().view(-1).cpu()
+        starts = starts[starts > 0]
+    else:
+        return None
+    marks = torch.zeros(k_len, dtype=torch.int64)
+    marks[starts] = 1
+    return marks.cumsum(0)[None]
 
 
 def check_form(mask: object) -> None:

@@ -30,7 +30,7 @@ code is keyed on the class's code object (:mod:`posemb.hf.rebind`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import functools
 import logging
 import sys
 import types
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _checks, kernels
+from .. import _checks, _renamed, kernels
 from .._errors import InputError
 from ..kernels.layout import Layout
 from . import rebind
@@ -286,67 +286,98 @@ def _form_of(modeling: str, name: str, head_dim: int, rotary: int) -> _Form:
     )
 
 
-class FusedForward:
-    """The ``forward`` of one attention module rebound to posemb's rotation.
+class FusedAttention(rebind.Swapped):
+    """The class of an attention module :func:`patch_fused` fused: a subclass of the module's
+    own class and of this one (same name, module and qualified name; the class itself is never
+    touched) whose ``forward`` is the class's with posemb's rotation in place of the family's,
+    and, where the norms are fused too, the q and k norms handed to it (:mod:`.fused_norm`).
 
-    Called as ``module.forward(...)``: its class's ``forward`` with posemb's rotation in place of
-    the family's. It survives ``torch.save`` / pickling: it pickles as the module and the forms
-    it fuses, and is rebuilt from the module's class on load, so a saved fused model loads
-    fused (a plain bound method pickled as the class's eager ``forward``).
+    A shallow copy, a deep copy, an ``nn.DataParallel`` replica and a pickled model loaded
+    again keep the class, and each computes with its own weights (issue 54: a forward bound to
+    the original module ran the original's projections in every copy). ``isinstance(module,
+    FusedAttention)`` tells a fused module; :func:`is_fused` also sees one beneath an
+    accelerate hook.
     """
 
-    def __init__(
-        self, module: nn.Module, forms: tuple[_Form, ...], norms: NormSpec | None = None
-    ) -> None:
-        self._module = module
-        self._forms = forms
-        self._norms = norms
-        cls = type(module)
-        original = cls.forward
+    _posemb_forms: tuple[_Form, ...]
+    _posemb_normed: bool
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A model pickled by an earlier posemb held its fused forward in the instance's
+        # __dict__ (see _fused_again): the class's forward serves it now.
+        super().__setstate__(state)  # type: ignore[misc]
+        if self.__dict__.get("forward") is _REPLACED:
+            del self.__dict__["forward"]
+        if self.__dict__.get("_old_forward") is _REPLACED:
+            cls: Any = type(self)
+            self.__dict__["_old_forward"] = types.MethodType(cls.forward, self)
+
+
+_fused_classes: dict[tuple[type, tuple[int, ...], bool], type] = {}
+
+
+def fused_class(base: Any, forms: tuple[int, ...], normed: bool = False) -> type:
+    """The :class:`FusedAttention` subclass of attention class ``base`` that fuses the rotation
+    forms ``FORMS[i] for i in forms`` (and the q and k norms where ``normed``); one per
+    arguments in a process."""
+    key = (base, forms, normed)
+    if key not in _fused_classes:
+        original = base.forward
         assert isinstance(original, types.FunctionType)  # patch_fused checked it
+        chosen = tuple(FORMS[i] for i in forms)
         renames = {}
-        for form in forms:
+        for form in chosen:
             # One name per form: two forms of one global name are two families' modules.
             name = f"{rebind.PREFIX}{FORMS.index(form)}_{form.name}"
-            renames[form.name] = rebind.install(cls.__module__, name, form.replacement)
-        if norms is not None:  # forms is (FORMS[0],): _norms_for checked it
+            renames[form.name] = rebind.install(base.__module__, name, form.replacement)
+        if normed:  # forms is (FORMS[0],): _norms_for checked it
             name = f"{rebind.PREFIX}norms_{ROTATION}"
-            renames[ROTATION] = rebind.install(cls.__module__, name, NORM_ROTATION)
+            renames[ROTATION] = rebind.install(base.__module__, name, NORM_ROTATION)
         fn = rebind.rebuilt(original, renames)
-        self._bound = types.MethodType(fn, module)
-        # The code that calls the norms (beneath any decorator): a norm defers only to it.
-        self._code = _innermost(fn).__code__
-        # What inspect.signature reads: the bound method's parameters, without self.
-        self.__signature__ = inspect.signature(self._bound)
+        forward = _with_norms(fn) if normed else fn
+        namespace = {"forward": forward, "_posemb_forms": chosen, "_posemb_normed": normed}
+        _fused_classes[key] = rebind.subclass(base, FusedAttention, namespace, (fused_class, key))
+    return _fused_classes[key]
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        norms = self._norms
-        if norms is None or _checks.tracing():  # nothing defers while tracing (fused_norm)
-            return self._bound(*args, **kwargs)
-        before = begin(self._module, self._code)
+
+def _with_norms(fn: types.FunctionType) -> Callable[..., Any]:
+    """``fn`` (the rebuilt forward) run with the attention marked as the running one, so that
+    its norms may defer to the rotation (:func:`.fused_norm.begin`)."""
+    # The code that calls the norms (beneath any decorator): a norm defers only to it.
+    code = _innermost(fn).__code__
+
+    @functools.wraps(fn)  # inspect.signature follows __wrapped__ to the class's parameters
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _checks.tracing():  # nothing defers while tracing (fused_norm)
+            return fn(self, *args, **kwargs)
+        before = begin(self, code)
         try:
-            return self._bound(*args, **kwargs)
+            return fn(self, *args, **kwargs)
         finally:
             end(before)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        forms = tuple(FORMS.index(f) for f in self._forms)
-        return (_fused_again, (self._module, forms, self._norms))
+    return forward
+
+
+_REPLACED = object()  # an earlier release's instance forward, dropped by __setstate__
 
 
 def _fused_again(
     module: nn.Module, forms: tuple[int, ...], norms: NormSpec | None = None
-) -> FusedForward:
-    """Unpickling: the same forms, rebuilt against the module's class of this process."""
-    return FusedForward(module, tuple(FORMS[i] for i in forms), norms)
+) -> object:
+    """Unpickling a model an earlier posemb pickled fused (its forward was an instance
+    attribute): the module's class swapped to the fused class of this process."""
+    module.__class__ = fused_class(type(module), tuple(forms), norms is not None)
+    return _REPLACED
 
 
 def is_fused(module: nn.Module) -> bool:
-    """Whether :func:`patch_fused` rebound this module's ``forward`` (and it still is), or the
-    ``_old_forward`` an accelerate hook calls."""
-    return isinstance(module.__dict__.get("forward"), FusedForward) or isinstance(
-        module.__dict__.get("_old_forward"), FusedForward
-    )
+    """Whether :func:`patch_fused` fused this module (and it still is): its class is a
+    :class:`FusedAttention` one, and no forward of another's shadows the class's."""
+    if not isinstance(module, FusedAttention):
+        return False
+    own = module.__dict__.get("forward")
+    return own is None or _hooked(module)
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -355,26 +386,31 @@ def _hooked(module: nn.Module) -> bool:
 
 
 def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
-    """Rebind each attention module of ``model``'s text model that calls
-    ``apply_rotary_pos_emb`` to posemb's fused rotation (:class:`FusedForward`); the dotted
-    names of the modules patched (none where every one already is). Raises ``ValueError``
-    naming the family when its rotation is not one posemb expresses, or when no attention
-    calls it."""
+    """Swap each attention module of ``model``'s text model that calls
+    ``apply_rotary_pos_emb`` into its :class:`FusedAttention` class (posemb's fused rotation);
+    the dotted names of the modules patched (none where every one already is). Raises
+    ``ValueError`` naming the family when its rotation is not one posemb expresses, or when no
+    attention calls it."""
     from .targets import text_modules
 
     plan: list[tuple[str, nn.Module, tuple[_Form, ...], NormSpec | None]] = []
     forms: dict[tuple[str, str], _Form] = {}
     already = 0
     for name, module in text_modules(model):
-        forward = getattr(type(module), "forward", None)
-        if not isinstance(forward, types.FunctionType):
-            continue
         if is_fused(module):
             late = _late_norms(name, module, head_dim)
             if late is None:
                 already += 1
             else:  # norms that could not be fused when it was (on the meta device then)
                 plan.append((name, module, *late))
+            continue
+        if isinstance(module, rebind.Swapped):  # patch_extension's, say: not the class's
+            raise InputError(
+                f"{name} ({type(module).__name__}) runs a forward posemb swapped in for "
+                f"another patch ({type(module).__mro__[1].__name__}); undo that patch first"
+            )
+        forward = getattr(type(module), "forward", None)
+        if not isinstance(forward, types.FunctionType):
             continue
         if isinstance(module.__dict__.get("forward"), Deferred):
             continue  # a norm the fused rotation of its attention applies
@@ -408,29 +444,26 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         )
     # Built before anything changes: rebuilding a forward can still refuse.
     built = [
-        (name, module, FusedForward(module, chosen, norms)) for name, module, chosen, norms in plan
-    ]
+        (name, module, norms, fused_class(
+            rebind.base_of(type(module)), tuple(FORMS.index(f) for f in chosen),
+            norms is not None,
+        ))
+        for name, module, chosen, norms in plan
+    ]  # fmt: skip
     # Only now, with every module checked, is anything changed.
     names = []
-    for name, module, fused in built:
+    for name, module, norms, fused in built:
+        cls: Any = fused
+        module.__class__ = cls
         if _hooked(module):
-            # accelerate's hook calls _old_forward: fuse beneath it, keep the hook.
-            module.__dict__["_old_forward"] = fused
-        else:
-            module.forward = fused
+            # accelerate's hook calls _old_forward, which it bound itself: fuse beneath it,
+            # keep the hook.
+            module.__dict__["_old_forward"] = types.MethodType(cls.forward, module)
         module.__dict__.pop(_MARK, None)  # an earlier posemb's mark, which pickling kept
         names.append(name)
-        if fused._norms is not None:
-            names += [f"{name}.{norm}" for norm in defer(module, fused._norms)]
+        if norms is not None:
+            names += [f"{name}.{norm}" for norm in defer(module, norms)]
     return names
-
-
-def _fused_forward(module: nn.Module) -> FusedForward | None:
-    for key in ("forward", "_old_forward"):
-        f = module.__dict__.get(key)
-        if isinstance(f, FusedForward):
-            return f
-    return None
 
 
 def _late_norms(
@@ -438,11 +471,11 @@ def _late_norms(
 ) -> tuple[tuple[_Form, ...], NormSpec] | None:
     """For an attention fused without its norms: its forms and the norms' spec where they can
     be fused now (their weights were loaded since), else None."""
-    fused = _fused_forward(module)
-    if fused is None or fused._norms is not None:
+    cls: Any = type(module)
+    if not isinstance(module, FusedAttention) or cls._posemb_normed:
         return None
-    spec = _norms_for(name, module, fused._forms, head_dim)
-    return None if spec is None else (fused._forms, spec)
+    spec = _norms_for(name, module, cls._posemb_forms, head_dim)
+    return None if spec is None else (cls._posemb_forms, spec)
 
 
 def _norms_for(
@@ -472,26 +505,25 @@ _norms_logged: set[str] = set()
 
 
 def unpatch_fused(model: nn.Module) -> list[str]:
-    """Give every attention module that :func:`patch_fused` rebound its class's ``forward``
-    back; the dotted names of the modules restored."""
+    """Give every attention module that :func:`patch_fused` fused its own class back; the
+    dotted names of the modules restored."""
     restored = []
     for name, module in model.named_modules():
         module.__dict__.pop(_MARK, None)
-        fused = _fused_forward(module)
-        if fused is None:
+        if not isinstance(module, FusedAttention):
             continue
-        if "forward" in module.__dict__ and module.__dict__["forward"] is fused:
-            del module.forward
-        else:
-            module.__dict__["_old_forward"] = types.MethodType(type(module).forward, module)
+        base: Any = rebind.base_of(type(module))
+        module.__class__ = base
+        if isinstance(module.__dict__.get("_old_forward"), types.MethodType):
+            module.__dict__["_old_forward"] = types.MethodType(base.forward, module)
         restored.append(name)
-        restored += [f"{name}.{norm}" for norm in restore(module)]
+        restored += [f"{name}.{norm}" for norm in restore(model.get_submodule(name))]
     return restored
 
 
 __all__ = [
     "FORMS",
-    "FusedForward",
+    "FusedAttention",
     "fused_complex_rotation",
     "fused_deinterleaving_rotation",
     "fused_rotation",
@@ -499,3 +531,7 @@ __all__ = [
     "patch_fused",
     "unpatch_fused",
 ]
+
+# Before this release the fused forward was an object in the instance's __dict__ (FusedForward); the
+# fused module's class is the thing now.
+__getattr__ = _renamed.module_getattr(__name__, {"FusedForward": "FusedAttention"}, globals())

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dis
 import sys
 import types
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, SupportsIndex
 
 from .._errors import InputError
 
@@ -102,10 +102,55 @@ def rebuilt(fn: types.FunctionType, renames: Mapping[str, str]) -> types.Functio
     return new
 
 
+class Swapped:
+    """The mixin of every class posemb swaps a transformers module into: a subclass of the
+    module's own class (which is never touched) that overrides ``forward``, made once per base
+    class and variant by a factory, with the base's name, qualified name and module.
+
+    Why a class and not a ``forward`` in the instance's ``__dict__``: a bound method there is
+    bound to the module it was made for, and travels with the ``__dict__`` into a ``copy.copy``
+    or an ``nn.DataParallel`` replica, which then compute with the original's weights. A
+    class's method binds to whichever instance calls it. Instances pickle (and copy and
+    deep-copy) as their base class plus the factory's arguments, so the class is made again
+    on load, in any process that can import posemb.
+    """
+
+    _posemb_remake: tuple[Callable[..., type], tuple[Any, ...]]
+    _posemb_base: type
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        factory, args = type(self)._posemb_remake
+        return (_remade, (factory, args), self.__getstate__())
+
+
+def _remade(factory: Callable[..., type], args: tuple[Any, ...]) -> object:
+    cls: Any = factory(*args)
+    return cls.__new__(cls)
+
+
+def subclass(
+    base: type, mixin: type, namespace: dict[str, Any], remake: tuple[Callable[..., type], tuple]
+) -> type:
+    """A subclass of ``mixin`` (a :class:`Swapped`) and ``base`` with ``namespace``, named as
+    ``base`` is (logs, ``type(m).__name__`` checks and the output recorders of transformers
+    see the family's class), that pickles through ``remake``: ``(factory, args)``."""
+    cls: Any = type(base.__name__, (mixin, base), dict(namespace))
+    cls.__qualname__ = base.__qualname__
+    cls.__module__ = base.__module__
+    cls._posemb_remake = remake
+    cls._posemb_base = base
+    return cls
+
+
+def base_of(cls: type) -> Any:
+    """The class a :func:`subclass` was made from (``cls`` itself if it is none)."""
+    return cls.__dict__.get("_posemb_base", cls)
+
+
 def installed(module: types.ModuleType | str) -> dict[str, Any]:
     """The names posemb installed in ``module`` (tests; inspection)."""
     mod = sys.modules[module] if isinstance(module, str) else module
     return {k: v for k, v in vars(mod).items() if k.startswith(PREFIX)}
 
 
-__all__ = ["PREFIX", "install", "installed", "rebuilt"]
+__all__ = ["PREFIX", "Swapped", "base_of", "install", "installed", "rebuilt", "subclass"]

@@ -163,6 +163,13 @@ def refuse_inplace_grad(inplace: bool, q: torch.Tensor, k: torch.Tensor, *tables
             "differentiate (q, k or a cos/sin table requires grad); use inplace=False for "
             "training, or run under torch.no_grad()"
         )
+    for name, t in (("q", q), ("k", k)):
+        if t.is_neg() or t.is_conj():
+            raise InputError(
+                f"inplace=True cannot write into {name}: it is a view with the negative or "
+                f"conjugate bit set, whose memory is not its values; pass "
+                f"{name}.resolve_neg() or use inplace=False"
+            )
     _overlap.written_apart(q, k)
 
 

@@ -35,31 +35,7 @@ from .. import _checks
 from .._errors import InputError
 from . import cpu as _cpu
 from .layout import Layout, as_layout
-from .reference import apply_rope
-
-
-def reference(
-    q: Tensor,
-    k: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    q_weight: Tensor,
-    k_weight: Tensor,
-    eps: float,
-    weight_offset: float = 0.0,
-    layout: Layout | str = Layout.HALF,
-) -> tuple[Tensor, Tensor]:
-    """The definition, in plain torch: RMSNorm of each head row, then the rotation, in the
-    compute dtype, rounded once (shapes as :func:`norm_rotate`)."""
-
-    def one(x: Tensor, w: Tensor) -> Tensor:
-        compute = _checks.compute_dtype(x)
-        xf = x.to(compute)
-        scale = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-        normed = xf * scale * (w.to(compute) + weight_offset)
-        return apply_rope(normed, cos, sin, layout).to(x.dtype)
-
-    return one(q, q_weight), one(k, k_weight)
+from .norm_reference import differentiable_grads, reference
 
 
 def _weight(name: str, w: object, x: Tensor) -> Tensor:
@@ -145,7 +121,7 @@ def norm_rotate(
         if inplace:
             return q.copy_(q_out), k.copy_(k_out)
         return q_out, k_out
-    if which == "triton" and not inplace and eager_ok(q, k, qw, kw):
+    if which == "triton" and not inplace and eager_ok(q, k, qw, kw, cos, sin):
         from .triton_norm import eager
 
         triton_path.remember_norm(memo)
@@ -168,13 +144,19 @@ def norm_rotate(
     return norm_rotate_triton(q, k, c, s, wq, wk, eps_, interleaved, inplace)
 
 
-def eager_ok(q: Tensor, k: Tensor, qw: Tensor, kw: Tensor) -> bool:
+def eager_ok(q: Tensor, k: Tensor, qw: Tensor, kw: Tensor, *tables: Tensor) -> bool:
     """Nothing traces these tensors and no gradient is wanted of them or the weights: the
     registered op (its dispatcher, autograd wrapper and weight casts) can be skipped."""
     from .dispatch import needs_grad
     from .ops import plain_eager
+    from .triton_path import unflagged
 
-    return plain_eager(q, k) and not _checks.tracing() and not needs_grad(qw, kw)
+    return (
+        plain_eager(q, k)
+        and not _checks.tracing()
+        and not needs_grad(qw, kw)
+        and unflagged(q, k, qw, kw, *tables)
+    )
 
 
 def _table(t: Tensor, which: str) -> Tensor:
@@ -214,31 +196,6 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     q, k, cos, sin, qw, kw, eps, interleaved = inputs
     ctx.save_for_backward(q, k, cos, sin, qw, kw)
     ctx.eps, ctx.interleaved = eps, interleaved
-
-
-def differentiable_grads(
-    grads: tuple[Tensor, Tensor],
-    saved: tuple[Tensor, ...],
-    need: tuple[bool, bool, bool, bool],
-    eps: float,
-    interleaved: bool,
-) -> tuple[Tensor | None, ...]:
-    """The gradients of q, k and the two (offset) weights through the definition, with the
-    graph kept: for a backward that is itself differentiated (``create_graph=True``: gradient
-    penalties, Hessian-vector products, MAML). The fused backward ops have no autograd of
-    their own, so their second derivatives would silently be zero.
-
-    ``saved`` is the forward's ``(q, k, cos, sin, q_weight, k_weight)`` with tables ``(1 or B,
-    S, n)``; ``need`` says which of q, k and the weights want a gradient.
-    """
-    q, k, cos, sin, qw, kw = saved
-    c, s = (t if t.shape[0] > 1 else t[0] for t in (cos, sin))
-    lay = Layout.INTERLEAVED if interleaved else Layout.HALF
-    with torch.enable_grad():
-        out = reference(q, k, c, s, qw, kw, eps, 0.0, lay)
-        wanted = [t for t, n in zip((q, k, qw, kw), need, strict=True) if n]
-        got = iter(torch.autograd.grad(out, wanted, grads, create_graph=True, allow_unused=True))
-    return tuple(next(got) if n else None for n in need)
 
 
 def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:

@@ -332,6 +332,11 @@ def run(
     """Launch the kernel by plan ``p`` (made by :func:`plan` for tensors of these shapes,
     strides and dtypes)."""
     dummy = cos  # unused pointer arguments still need a tensor
+    # The kernel reads offsets[b] and cu_seqlens[b] at unit stride (a column of a (batch, 2)
+    # table, or cu[::2], was read from the wrong memory): one small copy where they are not.
+    offsets = offsets if offsets is None or offsets.stride(-1) == 1 else offsets.contiguous()
+    if cu_seqlens is not None and cu_seqlens.stride(-1) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
     kernel = wrap_triton(_rope_kernel) if traceable else _rope_kernel
     kernel[p.grid](
         q, k, q_out, k_out, cos, sin,

@@ -314,7 +314,7 @@ def _backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
     q, k, cos, sin, qw, kw = ctx.saved_tensors
     need = ctx.needs_input_grad
     if torch.is_grad_enabled():  # the backward is differentiated too: through the definition
-        from .norm import differentiable_grads
+        from .norm_reference import differentiable_grads
 
         batch = q.shape[0] if ctx.stride else 1
         tables = (cos.view(batch, -1, cos.shape[-1]), sin.view(batch, -1, sin.shape[-1]))

@@ -51,6 +51,16 @@ def _tensor(t: torch.Tensor) -> Signature:
     return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
 
 
+def unflagged(*tensors: torch.Tensor) -> bool:
+    """No tensor carries the negative or conjugate bit: a kernel launched directly reads
+    memory, and such a view's memory is not its values (the registered ops go through the
+    dispatcher, which resolves the bits first)."""
+    for t in tensors:  # noqa: SIM110 (a loop, not any() of a generator: every decode step)
+        if t.is_neg() or t.is_conj():
+            return False
+    return True
+
+
 def signature(
     q: torch.Tensor, k: torch.Tensor, cos: object, sin: object, layout: object
 ) -> Signature | None:
@@ -58,6 +68,8 @@ def signature(
     tensor): every tensor's shape, strides, dtype, device and ``requires_grad``, the layout
     and the grad mode."""
     if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+        return None
+    if not unflagged(q, k, cos, sin):  # never remembered: the direct launch would misread it
         return None
     return (_tensor(q), _tensor(k), _tensor(cos), _tensor(sin), layout, torch.is_grad_enabled())
 
@@ -80,6 +92,8 @@ def norm_signature(
         return None  # a tensor's == would read it; the full path refuses or converts it
     sig = signature(q, k, cos, sin, layout)
     if sig is None or type(q_weight) is not torch.Tensor or type(k_weight) is not torch.Tensor:
+        return None
+    if not unflagged(q_weight, k_weight):
         return None
     return (sig, _tensor(q_weight), _tensor(k_weight), type(eps), eps,
             type(weight_offset), weight_offset)  # fmt: skip
@@ -203,7 +217,8 @@ def pair(
     ``(S, n)`` or ``(1 or B, S, n)`` (and k's own, for xPos)."""
     from . import triton as _tr  # noqa: F401  (registers the Triton ops; ~3 s to import)
 
-    if not inplace and k_cos is None and plain_eager(q, k) and not _checks.tracing():
+    direct = not inplace and k_cos is None and plain_eager(q, k) and not _checks.tracing()
+    if direct and unflagged(q, k, cos, sin):
         return eager(q, k, cos, sin, layout)
     stride = _batch_stride(cos, q)
     c, s = rows(cos, sin)
