@@ -407,3 +407,36 @@ def test_a_copied_or_replicated_extended_attention_runs_its_own_weights(how):
         assert float((patched(x).logits - eager(x).logits).abs().max()) <= 1e-5
     with pytest.warns(DeprecationWarning, match="ExtendedAttention"):
         assert hf.extension.ExtendedForward is hf.extension.ExtendedAttention
+
+
+class _OldExtendedForward:
+    """What an earlier posemb kept in an extended attention's __dict__: it pickled as
+    ``posemb.hf.extension.ExtendedForward(module, method, rope)``."""
+
+    def __init__(self, module, method, rope):
+        self.args = (module, method, rope)
+
+    def __reduce__(self):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return (hf.extension.ExtendedForward, self.args)
+
+
+def test_a_model_an_earlier_release_pickled_extended_loads_extended():
+    patched = tiny("llama")
+    hf.patch_extension(patched, METHODS["rerope"])
+    x = ids(1, 80)
+    with torch.no_grad():
+        want = patched(x).logits
+    old = tiny("llama")
+    for module, now in zip(old.model.layers, patched.model.layers, strict=True):
+        method, rope = now.self_attn.posemb_extension
+        attention = module.self_attn
+        attention.__dict__["forward"] = _OldExtendedForward(attention, method, rope)
+    loaded = pickle.loads(pickle.dumps(old))  # the old name resolves to ExtendedAttention
+    assert hf.extension_of(loaded) == METHODS["rerope"]
+    assert all("forward" not in layer.self_attn.__dict__ for layer in loaded.model.layers)
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, want)

@@ -374,3 +374,28 @@ def test_a_fused_model_pickles_deep_copies_and_unpatches_as_its_class():
         assert hf.fused.FusedForward is hf.fused.FusedAttention
     hf.unpatch_rotary(model)
     assert type(model.model.layers[0].self_attn).__mro__[1] is torch.nn.Module
+
+
+class _OldFusedForward:
+    """What an earlier posemb kept in a fused attention's __dict__: it pickled as
+    ``_fused_again(module, forms, norms)``."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __reduce__(self):
+        return (hf.fused._fused_again, (self.module, (0,), None))
+
+
+def test_a_model_an_earlier_release_pickled_fused_loads_fused():
+    name = "llama__llama-3.1-8b-instruct.json"
+    model = _tiny(name, FUSED[name])
+    with torch.no_grad():
+        want = model(_ids()).logits
+    for layer in model.model.layers:
+        layer.self_attn.__dict__["forward"] = _OldFusedForward(layer.self_attn)
+    loaded = pickle.loads(pickle.dumps(model))
+    assert _attention_layers(loaded) == 2
+    assert all("forward" not in layer.self_attn.__dict__ for layer in loaded.model.layers)
+    with torch.no_grad():
+        assert float((loaded(_ids()).logits - want).abs().max()) <= 1e-5

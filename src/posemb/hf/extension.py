@@ -1,12 +1,13 @@
 """Self-Extend, ReRoPE and Dual Chunk Attention inside a ``transformers`` model:
 :func:`patch_extension` and :func:`unpatch_extension`.
 
-Each attention module of one model is rebound, like ``patch_rotary(fused=True)`` does (the class
-is never touched, other models of the family are unchanged), to its class's ``forward`` with two
-module-global names shadowed: ``apply_rotary_pos_emb`` returns q and k *unrotated*, and the
-attention function is :func:`posemb.extension.attend`, which rotates each (query, key) pair by
-the method's distance. So the KV cache holds unrotated keys: a method may be swapped mid-run,
-and the keys never carry a distance chosen for another query.
+Each attention module of one model is swapped, like ``patch_rotary(fused=True)`` does, into a
+subclass of its own class (:class:`ExtendedAttention`; the class is never touched, other models
+of the family are unchanged) whose ``forward`` is the class's with two module-global names
+shadowed: ``apply_rotary_pos_emb`` returns q and k *unrotated*, and the attention function is
+:func:`posemb.extension.attend`, which rotates each (query, key) pair by the method's distance.
+So the KV cache holds unrotated keys: a method may be swapped mid-run, and the keys never carry
+a distance chosen for another query.
 
 A cache written that way is not one transformers can read, so it says so. Every cache layer the
 patched attention writes is tagged (its class swapped to a subclass that adds nothing but a
@@ -400,7 +401,7 @@ def patch_extension(model: nn.Module, method: Extension) -> list[str]:
 
 
 def unpatch_extension(model: nn.Module) -> list[str]:
-    """Give every attention module :func:`patch_extension` rebound its class's ``forward``
+    """Give every attention module :func:`patch_extension` swapped its own class
     back; the dotted names restored. A cache filled under the patch stays unrotated and is
     refused by the restored model before its first layer runs (a pre-hook stays on the text
     model for that): start a new one."""

@@ -5,10 +5,11 @@ name at call time, and the eager function makes several passes with four tempora
 (``q * cos + rotate_half(q) * sin``). Replacing that global would patch every model of the
 family in the process, and transformers' own hooks (``use_kernel_forward_from_hub``,
 ``transformers.monkey_patching``) are process-wide too (and inert without the ``kernels``
-package). So posemb rebinds the ``forward`` of each attention *instance* of one model to a copy
-of its class's function that calls posemb's rotation instead, and sees every other global of
-the modeling module as it is at the call (:mod:`posemb.hf.rebind`); :func:`unpatch_fused`
-deletes those instance attributes, and the class is never touched.
+package). So posemb swaps each attention *instance* of one model into a subclass of its own
+class (:class:`FusedAttention`) whose ``forward`` is a copy of the class's function that calls
+posemb's rotation instead, and sees every other global of the modeling module as it is at the
+call (:mod:`posemb.hf.rebind`); :func:`unpatch_fused` gives each instance its class back, and
+the class itself is never touched.
 
 Only families whose rotation posemb expresses are fused (:data:`FORMS`), each checked
 numerically against the family's own function when patched (a mismatch refuses, it never runs
