@@ -127,8 +127,8 @@ def test_a_pickled_or_copied_fused_model_stays_fused():
     want = fused(ids).logits
     for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
         attn = other.model.layers[0].self_attn
-        assert isinstance(attn.q_norm.__dict__.get("forward"), hf.fused_norm.Deferred)
-        assert attn.q_norm.__dict__["forward"]._norm is attn.q_norm
+        assert isinstance(attn.q_norm, hf.fused_norm.DeferredNorm)
+        assert "forward" not in attn.q_norm.__dict__
         torch.testing.assert_close(other(ids).logits, want, rtol=0, atol=0)
 
 
@@ -552,7 +552,7 @@ def test_a_shallow_copy_of_a_fused_norm_computes_as_itself():
     x = torch.randn(1, 4, 2, 32, generator=torch.Generator().manual_seed(4))
     for model in (eager, fused):
         attn = model.model.layers[0].self_attn
-        twin = copy.copy(attn.q_norm)  # shares the Deferred in its __dict__
+        twin = copy.copy(attn.q_norm)  # its class and record of what was probed, shared
         twin.variance_epsilon = 0.25
         attn.q_norm = twin
     torch.testing.assert_close(
@@ -600,3 +600,52 @@ def test_a_replicated_fused_attention_runs_its_own_projections_and_norms(family,
         model.model.layers[1].self_attn = other
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7))
     _same_logits(fused, eager, ids)
+
+
+@pytest.mark.parametrize("how", ["direct", "vmap", "compile"])
+def test_a_replicated_deferring_norm_computes_with_its_own_weights_everywhere(how):
+    """Found by an audit after issue 54: under tracing (vmap, torch.compile) or called by
+    ``.forward`` directly, a replica of a deferring norm ran the original norm's forward
+    (its weights and eps: off by 2.27)."""
+    eager, fused = _pair("qwen3")
+    x = torch.randn(1, 4, 2, 32, generator=torch.Generator().manual_seed(9))
+    outs = []
+    for model in (eager, fused):
+        norm = model.model.layers[0].self_attn.q_norm
+        replica = norm._replicate_for_data_parallel()
+        replica.weight = torch.nn.Parameter(norm.weight.detach() * 2.0)
+        if how == "direct":
+            outs.append(replica.forward(x))
+        elif how == "vmap":
+            outs.append(torch.func.vmap(replica)(x))
+        else:
+            outs.append(torch.compile(replica, backend="eager", fullgraph=True)(x))
+    torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
+
+
+def test_a_model_an_earlier_release_pickled_with_deferred_norms_loads_fused():
+    """A norm pickled by an earlier posemb held ``Deferred(norm, offset, names)`` in its
+    ``__dict__``; loading it swaps the norm into its deferring class."""
+    eager, fused = _pair("qwen3")
+
+    class OldDeferred:
+        def __init__(self, norm, offset, names):
+            self.args = (norm, offset, names)
+
+        def __reduce__(self):
+            return (hf.fused_norm.DeferredNorm, self.args)
+
+    for layer in fused.model.layers:
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(layer.self_attn, name)
+            hf.fused_norm.restore(layer.self_attn)
+            names = frozenset(norm.__dict__) | {"forward"}
+            norm.__dict__["forward"] = OldDeferred(norm, 0.0, names)
+    loaded = pickle.loads(pickle.dumps(fused))
+    norm = loaded.model.layers[0].self_attn.q_norm
+    assert isinstance(norm, hf.fused_norm.DeferredNorm) and "forward" not in norm.__dict__
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(10))
+    _, fused_norms, _ = _rsqrt_calls(loaded, ids)
+    _, eager_norms, _ = _rsqrt_calls(eager, ids)
+    assert eager_norms - fused_norms == 4  # deferring again
+    _same_logits(loaded, eager, ids)

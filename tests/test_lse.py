@@ -5,6 +5,7 @@ query blocks forced small; and what it must never do (form a ``q_len x k_len`` t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -464,3 +465,38 @@ def test_no_query_sees_any_key_gives_zeros_with_zero_gradients(case, fused):
     out.sum().backward()
     for t in (q, k, v):
         assert t.grad is not None and t.grad.abs().max() == 0
+
+
+@pytest.mark.parametrize("fill", [-3e3, -2e4, -1e5, -1e9])
+def test_half_type_calls_shift_the_bias_before_rounding_it(fill):
+    """Found by an audit after issue 54: with calls in a half type (CUDA's), the bias was
+    rounded to it before the row's shift was subtracted: -inf - -inf (nan) past fp16's range,
+    and the per-key differences rounded away below it. Here the explicit tiles in float16 on
+    the CPU stand for them."""
+    torch.manual_seed(18)
+    b, h, n, d = 1, 2, 6, 8
+    q, k, v = (torch.randn(b, h, n, d, dtype=F64) for _ in range(3))
+    bias = torch.zeros(1, 1, n, n, dtype=F64)
+    bias[..., 5, :] = fill + torch.arange(n)  # one row: a large fill, keys a logit apart
+    ranges = _lse.Ranges(
+        [np.zeros((1, n), dtype=np.int64)], [np.arange(1, n + 1, dtype=np.int64)[None]], None, bias
+    )
+    want = _lse.attention([q], [k], v, ranges, d**-0.5, fused=False)
+    got = _lse.attention([q.half()], [k.half()], v.half(), ranges, d**-0.5, fused=False)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, **TOL[torch.float16])
+
+
+def test_a_float64_bias_beyond_float32s_range_is_a_bias_in_both_paths():
+    """Found by an audit: the reference path read a float64 bias through float32 to find the
+    hidden keys, so -1e39 (finite in float64) hid them: a row whose keys all carry it came out
+    zeros (off by 0.47); softmax does not see a constant added to the row."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, _ = _inputs(SHAPES["prefill"], F64, seed=19)
+    bias = torch.zeros(2, 1, 37, 37, dtype=F64)
+    bias[:, :, 30] = -1e39
+    args = (q, k, v, rope, METHODS[0], qp, kp)
+    want = attend(*args, Visibility(), 0.3, fused=False)
+    for fused in (True, False):
+        got = attend(*args, Visibility(bias=bias), 0.3, fused=fused)
+        torch.testing.assert_close(got, want, **TOL[F64])

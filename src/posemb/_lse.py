@@ -112,16 +112,20 @@ class Ranges:
         if self.pad is not None:
             seen = seen & ~self.pad[:, None, c.c0 : c.c1]
         fill = np.where(seen, 0.0, -np.inf)[:, None]
-        add = torch.from_numpy(fill).to(device, dtype)
         if self.bias is not None:  # a dimension of size 1 broadcasts: not sliced
             bias = self.bias
             bias = bias[..., c.r0 : c.r1, :] if bias.shape[-2] > 1 else bias
             bias = bias[..., c.c0 : c.c1] if bias.shape[-1] > 1 else bias
-            add = add + hard(bias, dtype)
+            # Formed in float32 or wider and rounded once to the calls' dtype: a half-type
+            # call (CUDA) would otherwise round the bias before the shift (and -inf - -inf)
+            wide = torch.promote_types(torch.promote_types(dtype, bias.dtype), torch.float32)
+            add = torch.from_numpy(fill).to(device, wide) + hard(bias, wide)
             if self.shift is not None:
-                add = add - self.shift[..., c.r0 : c.r1, None].to(dtype)
+                add = add - self.shift[..., c.r0 : c.r1, None].to(wide)
+            add = add.to(dtype)
             blind = (add == -INF).all(-1)
             return add, blind if bool(blind.any()) else None
+        add = torch.from_numpy(fill).to(device, dtype)
         blind_rows = np.logical_not(seen.any(axis=-1))
         if not blind_rows.any():
             return add, None

@@ -405,7 +405,8 @@ class Visibility:
             pad = self.pad.to(qp.device)[:, None, None, :]
             hidden = pad if hidden is None else hidden | pad
         if self.bias is not None:
-            soft = _lse.hard(self.bias, torch.float32) == -_lse.INF
+            wide = torch.promote_types(self.bias.dtype, torch.float32)  # bool: float32
+            soft = _lse.hard(self.bias, wide) == -_lse.INF
             hidden = soft if hidden is None else hidden | soft
         if self.segment is not None:
             seg = self.segment.to(qp.device)

@@ -45,7 +45,16 @@ from .. import _checks, _renamed, kernels
 from .._errors import InputError
 from ..kernels.layout import Layout
 from . import rebind
-from .fused_norm import NORM_ROTATION, Deferred, NormSpec, begin, defer, end, restore, why_not
+from .fused_norm import (
+    NORM_ROTATION,
+    DeferredNorm,
+    NormSpec,
+    begin,
+    defer,
+    end,
+    restore,
+    why_not,
+)
 
 logger = logging.getLogger("posemb.hf")
 
@@ -405,6 +414,8 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
             else:  # norms that could not be fused when it was (on the meta device then)
                 plan.append((name, module, *late))
             continue
+        if isinstance(module, DeferredNorm):
+            continue  # a norm the fused rotation of its attention applies
         if isinstance(module, rebind.Swapped):  # patch_extension's, say: not the class's
             raise InputError(
                 f"{name} ({type(module).__name__}) runs a forward posemb swapped in for "
@@ -413,8 +424,6 @@ def patch_fused(model: nn.Module, head_dim: int, rotary_dim: int) -> list[str]:
         forward = getattr(type(module), "forward", None)
         if not isinstance(forward, types.FunctionType):
             continue
-        if isinstance(module.__dict__.get("forward"), Deferred):
-            continue  # a norm the fused rotation of its attention applies
         if "forward" in module.__dict__ and not _hooked(module):
             raise InputError(
                 f"{name} ({type(module).__name__}) already has its own forward "

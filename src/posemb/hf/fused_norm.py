@@ -35,13 +35,15 @@ import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from .. import _checks, kernels
+from .. import _checks, _renamed, kernels
 from .._errors import InputError
+from . import rebind
 
 FAMILIES = ("Qwen3Attention", "Qwen3MoeAttention", "Gemma3Attention")
 """Attention classes whose forward normalises q and k per head and rotates them next."""
@@ -107,7 +109,7 @@ def why_not(attention: nn.Module, head_dim: int) -> NormSpec | str | None:
     if q_norm is k_norm:
         return "q_norm and k_norm are one module"
     for norm in (q_norm, k_norm):
-        if "forward" in norm.__dict__ and not isinstance(norm.__dict__["forward"], Deferred):
+        if "forward" in norm.__dict__:
             return f"{type(norm).__name__} already has a forward of its own"
     specs = [_spec_of(norm, head_dim) for norm in (q_norm, k_norm)]
     for spec in specs:
@@ -126,13 +128,13 @@ class _Call(threading.local):
 
     attention: nn.Module | None = None
     code: types.CodeType | None = None
-    deferred: tuple[Deferred, ...] = ()
+    deferred: tuple[tuple[nn.Module, float], ...] = ()
 
 
 _CALL = _Call()
 
 
-_State = tuple[nn.Module | None, types.CodeType | None, tuple["Deferred", ...]]
+_State = tuple[nn.Module | None, types.CodeType | None, tuple[tuple[nn.Module, float], ...]]
 
 
 def begin(attention: nn.Module, code: types.CodeType) -> _State:
@@ -190,71 +192,112 @@ def _methods(cls: type) -> dict[str, object]:
     return out
 
 
-class Deferred:
-    """A norm's ``forward`` while posemb's rotation may apply it.
+_DEFER = "_posemb_deferred"  # a deferring norm's own data: (offset, its names, its methods)
+_REPLACED = object()  # an earlier release's instance forward, dropped by __setstate__
 
-    It hands its input on, and records that it did (the rotation applies the norm), only when
-    nothing could tell: called by its own attention's fused forward code (not by a hook, a
-    wrapper or other code running inside it), the norm unhooked, its class's methods and its
-    own attributes those probed when patched, its eps positive, nothing tracing. Anywhere
-    else it computes what its class computes, for the module actually called (a shallow copy
-    shares this object). ``offset`` is the weight form probed on this norm (Gemma's
-    ``1 + w``), so a norm moved to another attention keeps its own. Pickles as the norm it
-    stands for, so a saved fused model loads fused.
+
+class DeferredNorm(rebind.Swapped):
+    """The class of a q or k norm while posemb's rotation may apply it: a subclass of the
+    norm's own class (same names; the class itself is never touched) whose ``forward`` hands
+    its input on, and records that it did (the rotation applies the norm), only when nothing
+    could tell: called by its own attention's fused forward code (not by a hook, a wrapper or
+    other code running inside it), the norm unhooked, its class's methods and its own
+    attributes those probed when patched, its eps positive, nothing tracing. Anywhere else it
+    computes what its class computes. The weight form probed on this norm (Gemma's ``1 + w``)
+    is the norm's own data, so a norm moved to another attention keeps its own; a method binds
+    to whichever instance calls it, so a copy or a replica computes with its own weights (an
+    earlier release kept a ``Deferred`` bound to the original norm in each ``__dict__``).
     """
 
-    def __init__(
-        self, norm: nn.Module, offset: float = 0.0, names: frozenset[str] | None = None
-    ) -> None:
-        self._norm = norm
-        self.offset = float(offset)
-        self._methods = _methods(type(norm))
-        # The norm's own attribute names, this forward among them (given when unpickling: the
-        # norm may not have its attributes back yet when this is rebuilt).
-        self._names = frozenset(norm.__dict__) | {"forward"} if names is None else names
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is DeferredNorm:  # Deferred(norm, offset, names): an earlier release's pickle
+            return _deferred_again(*args, **kwargs)
+        return super().__new__(cls)
 
-    def _as_probed(self, norm: nn.Module) -> bool:
-        cls = type(norm)
-        eps = _eps_of(norm)
-        return (
-            isinstance(eps, float)
-            and 0.0 < eps < math.inf
-            and norm.__dict__.keys() == self._names
-            and all(getattr(cls, k, None) is v for k, v in self._methods.items())
-            and _unhooked(norm)
-        )
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        if self.__dict__.get("forward") is _REPLACED:
+            del self.__dict__["forward"]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        norm = self._norm
+    @property
+    def posemb_offset(self) -> float:
+        """The weight form probed on this norm: 0.0 (``w * x``) or 1.0 (``(1 + w) * x``)."""
+        return float(self.__dict__[_DEFER][0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base: Any = rebind.base_of(type(self))
         if _checks.tracing():  # under a compiler the norm runs as written, and is fused there
-            return type(norm).forward(norm, x)
-        called, code = _caller()
-        if isinstance(called, nn.Module) and called is not norm:
-            return type(called).forward(called, x)  # a copy sharing this forward: its own
+            return base.forward(self, x)
+        _, code = _caller()
         call = _CALL
         attention = call.attention
         if (
             attention is None
             or code is not call.code
             or not (
-                attention._modules.get("q_norm") is norm or attention._modules.get("k_norm") is norm
+                attention._modules.get("q_norm") is self or attention._modules.get("k_norm") is self
             )
-            or not self._as_probed(norm)
+            or not _as_probed(self)
         ):
-            return type(norm).forward(norm, x)
-        call.deferred = (*call.deferred, self)
+            return base.forward(self, x)
+        call.deferred = (*call.deferred, (self, self.posemb_offset))
         return x
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (Deferred, (self._norm, self.offset, self._names))
+
+def _as_probed(norm: nn.Module) -> bool:
+    record = norm.__dict__.get(_DEFER)
+    if record is None:  # made by calling the class (type(norm)(...)): nothing was probed
+        return False
+    _, names, methods = record
+    base = rebind.base_of(type(norm))
+    eps = _eps_of(norm)
+    return (
+        isinstance(eps, float)
+        and 0.0 < eps < math.inf
+        and norm.__dict__.keys() == names
+        and all(getattr(base, k, None) is v for k, v in methods.items())
+        and _unhooked(norm)
+    )
+
+
+_deferred_classes: dict[type, type] = {}
+
+
+def deferred_class(base: Any) -> type:
+    """The :class:`DeferredNorm` subclass of norm class ``base`` (one per process)."""
+    if base not in _deferred_classes:
+        _deferred_classes[base] = rebind.subclass(base, DeferredNorm, {}, (deferred_class, (base,)))
+    return _deferred_classes[base]
+
+
+def _deferring(norm: nn.Module, offset: float) -> None:
+    """Swap ``norm`` into its deferring class, with its offset and what was probed."""
+    base = rebind.base_of(type(norm))
+    norm.__dict__.pop(_DEFER, None)
+    names = frozenset(norm.__dict__) | {_DEFER}
+    norm.__dict__[_DEFER] = (float(offset), names, _methods(base))
+    norm.__class__ = deferred_class(base)
+
+
+def _deferred_again(
+    norm: nn.Module, offset: float = 0.0, names: frozenset[str] | None = None
+) -> object:
+    """Unpickling a norm an earlier posemb pickled deferring (a ``Deferred`` in its
+    ``__dict__``): the norm swapped into its deferring class. Its attributes are not back yet
+    (the old forward is among them): what it will hold is its pickled names, this one's
+    swapped for the new record's."""
+    base = rebind.base_of(type(norm))
+    held = (names or frozenset()) - {"forward"} | {_DEFER}
+    norm.__dict__[_DEFER] = (float(offset), held, _methods(base))
+    norm.__class__ = deferred_class(base)
+    return _REPLACED
 
 
 def defer(attention: nn.Module, spec: NormSpec) -> list[str]:
-    """Install :class:`Deferred` as ``attention``'s q and k norms' ``forward``, with the weight
-    form ``spec`` probed on them; the names of the norms, relative to the attention."""
+    """Swap ``attention``'s q and k norms into their :class:`DeferredNorm` class, with the
+    weight form ``spec`` probed on them; the names of the norms, relative to the attention."""
     for name in ("q_norm", "k_norm"):
-        norm = getattr(attention, name)
-        norm.forward = Deferred(norm, spec.offset)
+        _deferring(getattr(attention, name), spec.offset)
     return ["q_norm", "k_norm"]
 
 
@@ -264,14 +307,14 @@ def restore(attention: nn.Module) -> list[str]:
     restored = []
     for name in ("q_norm", "k_norm"):
         norm = getattr(attention, name, None)
-        if not isinstance(norm, nn.Module):
+        if not isinstance(norm, DeferredNorm):
             continue
-        if isinstance(norm.__dict__.get("forward"), Deferred):
-            del norm.forward
-            restored.append(name)
-        elif isinstance(norm.__dict__.get("_old_forward"), Deferred):
-            norm.__dict__["_old_forward"] = types.MethodType(type(norm).forward, norm)
-            restored.append(name)
+        base: Any = rebind.base_of(type(norm))
+        norm.__class__ = base
+        norm.__dict__.pop(_DEFER, None)
+        if isinstance(norm.__dict__.get("_old_forward"), types.MethodType):
+            norm.__dict__["_old_forward"] = types.MethodType(base.forward, norm)
+        restored.append(name)
     return restored
 
 
@@ -313,31 +356,31 @@ def norm_rotation() -> Callable[..., tuple]:
         call.deferred = ()  # applied once, here
         q_norm, k_norm = attention._modules["q_norm"], attention._modules["k_norm"]
         assert q_norm is not None and k_norm is not None
-        q_def = next((d for d in deferred if d._norm is q_norm), None)
-        k_def = next((d for d in deferred if d._norm is k_norm), None)
+        q_def = next((off for norm, off in deferred if norm is q_norm), None)
+        k_def = next((off for norm, off in deferred if norm is k_norm), None)
         eps = _eps_of(q_norm)
         if (
             q_def is not None
             and k_def is not None
-            and q_def.offset == k_def.offset
+            and q_def == k_def
             and eps == _eps_of(k_norm)
             and isinstance(eps, float)
         ):
             q_weight, k_weight = q_norm.weight, k_norm.weight
             assert isinstance(q_weight, torch.Tensor) and isinstance(k_weight, torch.Tensor)
             # A decode step's layers: the op called directly, the weights as they are now.
-            out = _DERIVED(q, k, cos, sin, (q_weight, k_weight, eps, q_def.offset))
+            out = _DERIVED(q, k, cos, sin, (q_weight, k_weight, eps, q_def))
             if out is not None:
                 return out
             return kernels.norm_rotate(
-                q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, eps, q_def.offset
+                q, k, cos[..., :n], sin[..., :n], q_weight, k_weight, eps, q_def
             )
         # q's and k's epsilons or weight forms differ: each deferred norm applied here as its
         # class computes it, then the rotation.
         if q_def is not None:
-            q = type(q_norm).forward(q_norm, q)
+            q = rebind.base_of(type(q_norm)).forward(q_norm, q)
         if k_def is not None:
-            k = type(k_norm).forward(k_norm, k)
+            k = rebind.base_of(type(k_norm)).forward(k_norm, k)
         return _plain_rotation(q, k, cos, sin, n)
 
     apply_rotary_pos_emb.__doc__ = "posemb's fused QK-norm and rotation (rotate_half pairs)."
@@ -353,12 +396,16 @@ NORM_ROTATION = norm_rotation()
 __all__ = [
     "FAMILIES",
     "NORM_ROTATION",
-    "Deferred",
+    "DeferredNorm",
     "NormSpec",
     "begin",
     "defer",
+    "deferred_class",
     "end",
     "norm_rotation",
     "restore",
     "why_not",
 ]
+
+# Before this release a deferring norm held a Deferred object in its __dict__.
+__getattr__ = _renamed.module_getattr(__name__, {"Deferred": "DeferredNorm"}, globals())
