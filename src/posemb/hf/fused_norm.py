@@ -128,13 +128,13 @@ class _Call(threading.local):
 
     attention: nn.Module | None = None
     code: types.CodeType | None = None
-    deferred: tuple[tuple[nn.Module, float], ...] = ()
+    deferred: tuple[tuple[Any, float], ...] = ()
 
 
 _CALL = _Call()
 
 
-_State = tuple[nn.Module | None, types.CodeType | None, tuple[tuple[nn.Module, float], ...]]
+_State = tuple[nn.Module | None, types.CodeType | None, tuple[tuple[Any, float], ...]]
 
 
 def begin(attention: nn.Module, code: types.CodeType) -> _State:
@@ -244,7 +244,7 @@ class DeferredNorm(rebind.Swapped):
         return x
 
 
-def _as_probed(norm: nn.Module) -> bool:
+def _as_probed(norm: Any) -> bool:
     record = norm.__dict__.get(_DEFER)
     if record is None:  # made by calling the class (type(norm)(...)): nothing was probed
         return False
