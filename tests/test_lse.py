@@ -500,3 +500,73 @@ def test_a_float64_bias_beyond_float32s_range_is_a_bias_in_both_paths():
     for fused in (True, False):
         got = attend(*args, Visibility(bias=bias), 0.3, fused=fused)
         torch.testing.assert_close(got, want, **TOL[F64])
+
+
+# --- from a fresh attack after issue 54's fixes --------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e29, 1e31, 1e33])
+def test_logits_below_any_fixed_sentinel_still_attend(scale):
+    """A row's log-sum-exp at or below -1e30 lost the merge to the blind sentinel, which was
+    -1e30: zeros (off by 2.57 at a scale of 1e33). The sentinel is the dtype's lowest."""
+    rope = posemb.RotaryEmbedding(8)
+    torch.manual_seed(20)
+    q, k, v = (torch.randn(1, 1, 4, 8) for _ in range(3))
+    qr, kr = rope(q, k)
+    want = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, is_causal=True, scale=scale)
+    got = extended_attention(q, k, v, rope, ReRoPE(window=10_000), scale=scale)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_an_empty_batch_or_no_heads_gives_an_empty_output_and_gradient():
+    """The fused path crashed on batch 0 (an expand in the planning) and on a broadcast bias
+    that requires grad when a dimension was 0 (its gradient was not reduced)."""
+    rope = posemb.RotaryEmbedding(8)
+    for qs, ks in (((0, 2, 3, 8), (0, 1, 5, 8)), ((1, 0, 3, 8), (1, 1, 5, 8))):
+        q = torch.randn(qs, requires_grad=True)
+        k, v = torch.randn(ks), torch.randn(ks)
+        pad = torch.zeros(qs[0], 5, dtype=torch.bool)
+        out = extended_attention(q, k, v, rope, ReRoPE(2), key_padding_mask=pad)
+        assert out.shape == (*qs[:3], 8)
+        bias = torch.zeros(1, 1, 3, 5, requires_grad=True)
+        qp, kp = torch.arange(2, 5), torch.arange(5)
+        attend(q, k, v, rope, ReRoPE(2), qp, kp, Visibility(bias=bias), 0.3).sum().backward()
+        assert bias.grad is not None and bias.grad.abs().max() == 0
+
+
+@pytest.mark.parametrize("mapped", ["key_padding_mask", "q_positions"])
+def test_vmap_over_positions_or_padding_is_refused_by_name(mapped):
+    """vmap over them died with torch's "data-dependent control flow" or ".item()": refused by
+    name (they are read as values); vmap over q, k and v works."""
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v = torch.randn(3, 1, 2, 5, 8), torch.randn(3, 1, 1, 7, 8), torch.randn(3, 1, 1, 7, 8)
+    given = {
+        "key_padding_mask": torch.zeros(3, 1, 7, dtype=torch.bool),
+        "q_positions": torch.arange(2, 7).expand(3, 5),
+    }[mapped]
+
+    def one(q, k, v, x):
+        return extended_attention(q, k, v, rope, METHODS[0], **{mapped: x})
+
+    with pytest.raises(posemb.InputError, match=f"{mapped} is mapped over"):
+        torch.func.vmap(one)(q, k, v, given)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+def test_forward_mode_ad_gives_the_jvp(fused):
+    """Dual tensors died in both paths (maximum's out= and the fused calls' autograd function
+    have no forward rule): they take the blocked path out of place."""
+    import torch.autograd.forward_ad as fwd
+
+    rope = posemb.RotaryEmbedding(8)
+    q, k, v, qp, kp, pad = _inputs(SHAPES["chunked"], F64, seed=21)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    tangent = torch.randn_like(q)
+
+    def run(q):
+        return extended_attention(q, k, v, rope, METHODS[0], qp, kp, True, pad, fused=fused)
+
+    with fwd.dual_level():
+        got = fwd.unpack_dual(run(fwd.make_dual(q, tangent))).tangent
+    _, want = torch.func.jvp(run, (q,), (tangent,))
+    torch.testing.assert_close(got, want, **TOL[F64])

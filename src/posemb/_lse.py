@@ -34,9 +34,16 @@ from . import _lse_kernels
 from ._lse_kernels import Kernel, kernel_for
 
 INF = float("inf")
-# The log-sum-exp of a row a call hides whole: finite, so merging needs no nan handling, and
-# far below any real one (a row that sees nothing anywhere ends near it: zeros).
-BLIND = -1e30
+
+
+def blind(dtype: torch.dtype) -> float:
+    """The log-sum-exp of a row a call hides whole: the dtype's lowest finite value, so merging
+    needs no nan handling, and below any real one (a logit below it is -inf in this dtype; a
+    fixed -1e30 lost to rows whose logits are that low, at a scale of 1e31). A row that sees
+    nothing anywhere keeps exactly it (``lowest + log 2`` rounds back to it)."""
+    return torch.finfo(dtype).min
+
+
 # A block's queries: at most this many rows per call (and a masked call's tile at most
 # _TILE elements per head, its columns split to stay under it).
 _ROWS = 1024
@@ -123,8 +130,8 @@ class Ranges:
             if self.shift is not None:
                 add = add - self.shift[..., c.r0 : c.r1, None].to(wide)
             add = add.to(dtype)
-            blind = (add == -INF).all(-1)
-            return add, blind if bool(blind.any()) else None
+            hidden = (add == -INF).all(-1)
+            return add, hidden if bool(hidden.any()) else None
         add = torch.from_numpy(fill).to(device, dtype)
         blind_rows = np.logical_not(seen.any(axis=-1))
         if not blind_rows.any():
@@ -192,10 +199,10 @@ class _Merged(torch.autograd.Function):
         b, h, q_len = qs[0].shape[:3]
         wide = torch.promote_types(v.dtype, torch.float32)  # merged in float32 or wider
         out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
-        lse = v.new_full((b, h, q_len), BLIND, dtype=wide)
+        lse = v.new_full((b, h, q_len), blind(wide), dtype=wide)
         for _, _, calls in blocks:
             for c in calls:
-                mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
+                mask, hidden = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
                 o, m = forward(
                     _tile(qs[c.s], c.r0, c.r1),
                     ranges.keys(ks, c),
@@ -203,12 +210,12 @@ class _Merged(torch.autograd.Function):
                     mask,
                     scale,
                 )
-                if blind is not None:  # a row the mask hides whole has no lse (0 or nan)
-                    blind = blind.expand_as(m)
-                    m = m.masked_fill(blind, BLIND)
-                    o = o.masked_fill(blind[..., None], 0.0)
+                if hidden is not None:  # a row the mask hides whole has no lse (0 or nan)
+                    hidden = hidden.expand_as(m)
+                    m = m.to(wide).masked_fill(hidden, blind(wide))
+                    o = o.masked_fill(hidden[..., None], 0.0)
                 _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
-        lse.masked_fill_(lse < BLIND / 2, -INF)  # rows that saw no key anywhere
+        lse.masked_fill_(lse == blind(wide), -INF)  # rows that saw no key anywhere
         ctx.blocks, ctx.ranges, ctx.scale, ctx.kernel, ctx.n_sets = (
             blocks,
             ranges,
@@ -230,9 +237,9 @@ class _Merged(torch.autograd.Function):
             bias = saved[2 * n + 1] if with_bias else None
             grads = _differentiated(ctx, qs, ks, v, d_out, bias)
             return (None, None, None, None, None, *grads)
-        blind = lse == -INF  # rows that saw no key: zero output, zero gradient
-        d_out = d_out.masked_fill(blind[..., None], 0.0).contiguous()
-        lse = lse.masked_fill(blind, INF)
+        unseen = lse == -INF  # rows that saw no key: zero output, zero gradient
+        d_out = d_out.masked_fill(unseen[..., None], 0.0).contiguous()
+        lse = lse.masked_fill(unseen, INF)
         wide = lse.dtype  # gradients summed over calls in float32 or wider
         d_qs = [torch.zeros_like(q, dtype=wide) for q in qs]
         d_ks = [torch.zeros_like(k, dtype=wide) for k in ks]
@@ -269,7 +276,7 @@ class _Merged(torch.autograd.Function):
 def _add_bias_grad(d_bias: torch.Tensor, ds: torch.Tensor, c: Call) -> None:
     """Add call ``c``'s logit gradients ``ds`` ``(batch, heads, rows, cols)`` into the bias's
     ``d_bias`` (4-D), summed over every dimension the bias broadcasts along."""
-    dims = [i for i in (0, 1) if d_bias.shape[i] == 1 and ds.shape[i] > 1]
+    dims = [i for i in (0, 1) if d_bias.shape[i] == 1 and ds.shape[i] != 1]  # 0 too
     rows, cols = d_bias.shape[-2] > 1, d_bias.shape[-1] > 1
     dims += [i for i, keep in ((2, rows), (3, cols)) if not keep]
     if dims:
@@ -308,25 +315,26 @@ def _recomputed(
 ) -> torch.Tensor:
     """The merged attention from explicit tiles, every step differentiable twice: each call's
     rows folded into the block's by the largest log-sum-exp (no logaddexp: its derivative's
-    derivative is nan where one side is :data:`BLIND`)."""
+    derivative is nan where one side is the blind sentinel)."""
     b, h = qs[0].shape[:2]
     wide = torch.promote_types(v.dtype, torch.float32)
     rows = []
     for r0, r1, calls in blocks:
         out = v.new_zeros((b, h, r1 - r0, v.shape[-1]), dtype=wide)
-        lse = v.new_full((b, h, r1 - r0), BLIND, dtype=wide)
+        lse = v.new_full((b, h, r1 - r0), blind(wide), dtype=wide)
         for c in calls:
-            mask, blind = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
-            if mask is not None and blind is not None:  # computed as seen, then dropped: no nan
-                mask = mask.masked_fill(blind[..., None], 0.0)
+            mask, hidden = ranges.mask(c, v.dtype, v.device) if c.masked else (None, None)
+            if mask is not None and hidden is not None:  # computed as seen, then dropped
+                mask = mask.masked_fill(hidden[..., None], 0.0)
             tiles = (_tile(qs[c.s], c.r0, c.r1), ranges.keys(ks, c), _tile(v, c.c0, c.c1))
             o, m = _lse_kernels.TILES.forward(*tiles, mask, scale)
-            if blind is not None:
-                blind = blind.expand_as(m)
-                m, o = m.masked_fill(blind, BLIND), o.masked_fill(blind[..., None], 0.0)
+            if hidden is not None:
+                hidden = hidden.expand_as(m)
+                m = m.to(wide).masked_fill(hidden, blind(wide))
+                o = o.masked_fill(hidden[..., None], 0.0)
             before, after = c.r0 - r0, r1 - c.r1  # the call's rows placed in the block's
             o = torch.nn.functional.pad(o.to(wide), (0, 0, before, after))
-            m = torch.nn.functional.pad(m.to(wide), (before, after), value=BLIND)
+            m = torch.nn.functional.pad(m.to(wide), (before, after), value=blind(wide))
             top = torch.maximum(lse, m)
             keep, take = (lse - top).exp(), (m - top).exp()
             total = keep + take
@@ -338,7 +346,7 @@ def _recomputed(
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
     """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place (``m``
-    is finite: a blind row's is :data:`BLIND`). The two are weighed relative to the larger
+    is finite: a blind row's is :func:`blind`). The two are weighed relative to the larger
     log-sum-exp and normalised by the weights' sum, not by ``exp(lse)``: two calls whose
     log-sum-exps round to the same large value (a fill of -1e9 on every key) weigh 1/2 each."""
     top = torch.maximum(lse, m)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from . import _checks, _lse, kernels
 from ._errors import InputError
@@ -475,6 +476,7 @@ def extended_attention(
     q, k, v = (_checks.float_tensor(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.not_meta(name, t)  # the regions and the length are read from values
+    _not_mapped(q_positions=q_positions, k_positions=k_positions, key_padding_mask=key_padding_mask)
     if not isinstance(rope, RotaryEmbedding) or isinstance(rope, XPos):
         raise InputError(
             f"rope must be a posemb.RotaryEmbedding, not xPos (which scales q and k by their "
@@ -521,7 +523,10 @@ def attend(
     Returns ``(batch, heads, q_len, v_dim)`` in q's dtype (the patched transformers
     attention's core)."""
     out_dtype = q.dtype
+    _not_mapped(q_positions=qp, k_positions=kp, key_padding_mask=vis.pad, segment=vis.segment)
     vis = _checked_bias(vis, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    if q.numel() == 0 or k.shape[2] == 0:  # nothing to attend, or nothing to attend to
+        return nothing_seen(q, k, v, vis.bias).to(out_dtype)
     top = max(int(t.max()) for t in (qp, kp) if t.numel()) if qp.numel() or kp.numel() else 0
     inv, factor = rope.schedule(top + 1)
     # One arithmetic dtype for all three: float64 if any is, else float32.
@@ -529,7 +534,10 @@ def attend(
     temper = method.scale_queries(qp)
     if temper is not None:  # per query row; it commutes with the rotation
         q = q.to(dt) * _rows(temper.to(q.device, dt))
-    ranges = _ranges(method, qp, kp, vis) if fused and not _checks.tracing() else None
+    # Forward-mode AD (dual tensors) has no rule in the fused calls' autograd function: the
+    # blocked path, plain torch, carries the tangents.
+    direct = fused and not _checks.tracing() and _forward_ad._current_level < 0
+    ranges = _ranges(method, qp, kp, vis) if direct else None
     if ranges is None:
         return _reference(q, k, v, rope, method, qp, kp, vis, s, (inv, factor, dt)).to(out_dtype)
     # The calls run in float32 or wider, but a GPU's in the half type they were given (its
@@ -552,6 +560,21 @@ def attend(
         return nothing_seen(q, k, v, vis.bias).to(out_dtype)
     ranges = ranges.keep(used, first)
     return _lse.attention(qs, ks, v.to(calls), ranges, s).to(out_dtype)
+
+
+def _not_mapped(**named: object) -> None:
+    """Refuse positions or a mask that ``torch.func.vmap`` maps over: the position sets, the
+    ranges and the largest position are read from their values, which a batched tensor does
+    not give (q, k and v may be mapped over; so may these, one call per row)."""
+    if torch._C._functorch.maybe_current_level() is None:
+        return
+    for name, t in named.items():
+        if isinstance(t, torch.Tensor) and torch._C._functorch.is_batchedtensor(t):
+            raise InputError(
+                f"{name} is mapped over by torch.func.vmap, and extended attention reads its "
+                f"values (the position sets and the distances); map over q, k and v only, "
+                f"or call it once per row"
+            )
 
 
 def _checked_bias(vis: Visibility, shape: tuple[int, int, int, int]) -> Visibility:
@@ -742,7 +765,7 @@ def _block(
         # -inf outside its region; the regions are disjoint, so at each pair one set's logit
         # is finite and the running maximum takes exactly it.
         part.masked_fill_(~_pairs(region[..., r0:r1, lo:hi]), float("-inf"))
-        if part.requires_grad or _checks.tracing():
+        if part.requires_grad or _checks.tracing() or _forward_ad._current_level >= 0:
             # Autograd and torch.func transforms (vmap has no rule for maximum's out=): no
             # writes into views; padded to the block instead.
             padded = torch.nn.functional.pad(part, (lo - c0, c1 - hi), value=float("-inf"))
