@@ -109,10 +109,12 @@ def test_extended_attention_is_the_pair_by_pair_definition(method, case, q_len, 
 def test_query_blocks_and_column_boxes_change_nothing(method, causal, monkeypatch):
     """The reference path runs long inputs in query blocks, each set's product over its own
     columns: forced here to blocks of a few rows, with padding and per-sequence positions,
-    forward and backward (the fused path's blocks: tests/test_lse.py)."""
+    forward and backward (the fused path's blocks: tests/test_attention_core.py)."""
     if not causal and not method.bidirectional:
         pytest.skip("Dual Chunk Attention is causal only")
-    monkeypatch.setattr(posemb.extension, "_BLOCK_ELEMENTS", 2 * 4 * 40 * 3)  # 3-row blocks
+    monkeypatch.setattr(
+        posemb.attention.extension, "_BLOCK_ELEMENTS", 2 * 4 * 40 * 3
+    )  # 3-row blocks
     torch.manual_seed(11)
     rope = posemb.RotaryEmbedding(8)
     q = torch.randn(2, 4, 16, 8, dtype=F64, requires_grad=True)
@@ -127,7 +129,7 @@ def test_query_blocks_and_column_boxes_change_nothing(method, causal, monkeypatc
         plain = (t.detach() for t in (q, k, v))
         assert_close(got, reference_attention(*plain, rope, method, qp, kp, causal, pad), F64)
     grads = torch.autograd.grad(got.square().sum(), (q, k, v))
-    monkeypatch.setattr(posemb.extension, "_BLOCK_ELEMENTS", 1 << 24)  # one block
+    monkeypatch.setattr(posemb.attention.extension, "_BLOCK_ELEMENTS", 1 << 24)  # one block
     whole = extended_attention(q, k, v, rope, method, qp, kp, causal, pad, fused=False)
     assert_close(got, whole, F64)
     for a, b in zip(grads, torch.autograd.grad(whole.square().sum(), (q, k, v)), strict=True):

@@ -20,7 +20,12 @@ COVERED_ELSEWHERE = {
     "lesson/__init__.py": "empty",
     "bench/__init__.py": "empty",
     "bench/timing.py": "the rounds every bench is timed in: test_bench_hf.py, test_bench_decode.py",
-    "_lse_kernels.py": "the calls' kernels, each against the explicit tiles: test_lse.py",
+    "attention/kernels.py": "the calls' kernels, each against the explicit tiles: "
+    "test_attention_core.py",
+    "attention/module.py": "PositionalAttention: test_attention.py, test_logit_modifiers.py",
+    "attention/reference.py": "the written-out attention: test_attention.py",
+    "attention/extension.py": "training-free extension: test_extension.py (and the core's "
+    "tests through it)",
     "bench/rows.py": "the benches' records and their CSV recogniser: test_bench_kernels.py, "
     "test_cli.py",
     "kernels/norm_reference.py": "the definition every norm_rotate backend is tested against: "

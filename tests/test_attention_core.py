@@ -1,4 +1,5 @@
-"""The fused path of ``extended_attention`` (calls merged by log-sum-exp, :mod:`posemb._lse`)
+"""The blocked core (calls merged by log-sum-exp, :mod:`posemb.attention.core`) through
+``extended_attention``
 against the blocked reference path, forward and backward: every method, dtypes, decode,
 chunked prefill, padding, per-sequence positions, GQA, both ways, windows and additive masks,
 query blocks forced small; and what it must never do (form a ``q_len x k_len`` tensor)."""
@@ -11,8 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posemb
-from posemb import _lse, _lse_kernels
-from posemb.extension import (
+from posemb.attention import core as _lse
+from posemb.attention import kernels as _lse_kernels
+from posemb.attention.extension import (
     DualChunk,
     ReRoPE,
     SelfExtend,
@@ -152,8 +154,8 @@ def test_a_query_that_sees_no_key_gets_zeros_and_no_gradient():
 
 
 def test_the_explicit_tiles_other_devices_run_are_the_flash_kernel():
-    """:func:`posemb._lse.attention` with ``fused=False`` runs the tiles written out (what a
-    device without the CPU flash kernel runs): the same output and gradients."""
+    """:func:`posemb.attention.core.attention` with ``fused=False`` runs the tiles written out
+    (what a device without the CPU flash kernel runs): the same output and gradients."""
     torch.manual_seed(4)
     method, (b, lq, lk) = SelfExtend(group=2, window=5), (2, 23, 23)
     qp = torch.arange(lk)[None].expand(b, -1)
@@ -478,7 +480,7 @@ def test_half_type_calls_shift_the_bias_before_rounding_it(fill):
     q, k, v = (torch.randn(b, h, n, d, dtype=F64) for _ in range(3))
     bias = torch.zeros(1, 1, n, n, dtype=F64)
     bias[..., 5, :] = fill + torch.arange(n)  # one row: a large fill, keys a logit apart
-    ranges = _lse.Ranges(
+    ranges = _lse.Masks(
         [np.zeros((1, n), dtype=np.int64)], [np.arange(1, n + 1, dtype=np.int64)[None]], None, bias
     )
     want = _lse.attention([q], [k], v, ranges, d**-0.5, fused=False)

@@ -1,5 +1,6 @@
-"""The fused attention calls :mod:`posemb._lse` merges: one forward returning ``(out, lse)``
-and one backward taking the *merged* ``out`` and ``lse``, per device.
+"""The fused attention calls :mod:`.core` merges: one forward returning ``(out, lse)`` and one
+backward taking the *merged* ``out`` and ``lse``, per device; each may apply the causal mask
+of a square call itself (query i sees keys j <= i, top-left), skipping what it hides.
 
 - CPU: PyTorch's flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu`` and its
   backward), GQA native, any float dtype, an additive mask broadcast over heads.
@@ -24,13 +25,15 @@ from typing import NamedTuple
 
 import torch
 
+INF = float("inf")
 Forward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 Backward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class Kernel(NamedTuple):
-    """A call's forward ``(q, k, v, mask, scale) -> (out, lse)`` and backward ``(d_out, q, k,
-    v, out, lse, mask, scale) -> (dq, dk, dv)``, k and v with q's heads or fewer (GQA)."""
+    """A call's forward ``(q, k, v, mask, scale, causal=False) -> (out, lse)`` and backward
+    ``(d_out, q, k, v, out, lse, mask, scale, causal=False) -> (dq, dk, dv)``, k and v with
+    q's heads or fewer (GQA)."""
 
     name: str
     forward: Forward
@@ -38,10 +41,15 @@ class Kernel(NamedTuple):
 
 
 def _flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
     )
     return out, lse
 
@@ -55,23 +63,27 @@ def _flash_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
+        d_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale
     )
     return grads[0], grads[1], grads[2]
 
 
 def _math_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused call written out on one tile: ``(out, lse)`` as the flash kernel returns them
     (a row that sees nothing: zeros, its lse left to the caller); k and v may have fewer heads
     (GQA), as for the flash kernel."""
     k, v = _heads(k, q), _heads(v, q)
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is not None:
-        logits = logits + mask
+    logits = _logits(q, k, mask, scale, causal)
     lse = torch.logsumexp(logits, dim=-1)
     p = torch.exp(logits - lse.nan_to_num(neginf=0.0)[..., None])
     return torch.matmul(p, v), lse
@@ -86,8 +98,9 @@ def _math_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, _ = scores_backward(d_out, q, k, v, out, lse, mask, scale)
+    dq, dk, dv, _ = scores_backward(d_out, q, k, v, out, lse, mask, scale, causal)
     return dq, dk, dv
 
 
@@ -100,14 +113,14 @@ def scores_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The explicit tile's backward, with the gradient of its logits ``(batch, heads, rows,
-    cols)`` too (what an additive bias on them receives); ``out`` and ``lse`` the merged ones."""
+    cols)`` too (what an additive score on them receives); ``out`` and ``lse`` the merged
+    ones."""
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is not None:
-        logits = logits + mask
+    logits = _logits(q, k, mask, scale, causal)
     p = torch.exp(logits - lse[..., None])
     d_v = torch.matmul(p.transpose(-1, -2), d_out)
     d_p = torch.matmul(d_out, v.transpose(-1, -2))
@@ -120,6 +133,20 @@ def scores_backward(
         _group_sum(d_v, kv_heads),
         d_logits,
     )
+
+
+def _logits(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool
+) -> torch.Tensor:
+    """``q k^T * scale + mask``, -inf above the diagonal where ``causal`` (top-left)."""
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        logits = logits + mask
+    if causal:
+        rows, cols = logits.shape[-2:]
+        above = torch.ones(rows, cols, dtype=torch.bool, device=q.device).triu_(1)
+        logits = logits.masked_fill(above, -INF)
+    return logits
 
 
 def _heads(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -152,11 +179,16 @@ _NO_SEED = torch.empty((), dtype=torch.long)  # dropout 0: the kernel reads no R
 
 
 def _efficient_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = _heads(k, q), _heads(v, q)
     bias = None if mask is None else _aligned(mask, q, k)
-    out, lse, _, _ = _efficient_op(q, k, v, bias, True, 0.0, False, scale=scale)
+    out, lse, _, _ = _efficient_op(q, k, v, bias, True, 0.0, causal, scale=scale)
     return out, lse[..., : q.shape[2]].float()
 
 
@@ -169,6 +201,7 @@ def _efficient_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
@@ -188,7 +221,7 @@ def _efficient_backward(
         _NO_SEED,
         0.0,
         [True, True, True, False],
-        False,
+        causal,
         scale=scale,
     )
     return dq, _group_sum(dk, kv_heads), _group_sum(dv, kv_heads)
@@ -246,7 +279,7 @@ def _agrees(kernel: Kernel, q: torch.Tensor, v: torch.Tensor) -> bool:
     if not ok:
         warnings.warn(
             f"posemb: the {kernel.name} attention kernel failed its first-use check on "
-            f"{q.device} ({q.dtype}, head widths {d}/{dv}): {why}; extended_attention uses "
+            f"{q.device} ({q.dtype}, head widths {d}/{dv}): {why}; the blocked attention uses "
             f"the explicit tiles there (exact, slower)",
             RuntimeWarning,
             stacklevel=3,

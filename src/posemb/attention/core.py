@@ -1,0 +1,758 @@
+"""The blocked attention core: softmax attention with any encoding's score, taken as fused
+attention calls over blocks of queries and merged exactly by log-sum-exp. No tensor grows
+with ``q_len x k_len``: the largest is one call's mask tile, and most calls have none.
+
+**Calls and their merge.** The attention of a block of queries is a sum over ranges of keys:
+each range is one fused call of the kernel (:mod:`.kernels`) returning its output and the
+log-sum-exp of its rows, and the calls combine exactly, two at a time, each weighed against the
+larger log-sum-exp and normalised by the weights' sum (``out = sum_c w_c out_c / sum_c w_c``,
+``w_c = exp(lse_c - max lse)``: how flash attention's split-K and ring attention combine). A
+per-head attention sink (gpt-oss) is one more term of the merge, with a zero value.
+
+**Scores.** An encoding adds a score to each logit (:mod:`.scores`). Where it depends on the
+distance ``d = pos(i) - pos(j)`` alone (ALiBi, T5's buckets, KERPLE, a sliding window,
+causality) and the positions are a range, a call's scores are read from one per-head table
+over the distances the attention spans (O(L) memory): reversing the call's queries (row
+``i' = R - 1 - i``) makes its distance ``Dmax - (i' + j)``, so the mask the kernel reads,
+``T[h, Dmax - i' - j]``, is a Hankel matrix: ``as_strided`` over the reversed table, with
+strides ``(1, 1)``, zero bytes. The block's own diagonal square (causal) takes the kernel's
+causal flag, which skips the blocks above the diagonal, with one ``(heads, R, R)`` mask made
+once. Elsewhere (FIRE, whose normaliser depends on the query's position; positions that are
+not a range; key padding; a bias given whole; the position sets of a training-free extension)
+each call's mask is a tile, bounded in size.
+
+**Backward.** Each call's backward kernel, handed the *merged* output and log-sum-exp,
+recomputes that call's share of the merged softmax: the exact gradient for q, k and v on that
+call's keys (ring attention's identity). Where a score has learned parameters (or the bias
+requires grad) the call's logit gradients are recomputed as an explicit tile and reduced: for a
+table, summed along the call's (anti-)diagonals into the gradient of each distance; for a tile
+score, through autograd of the tile into the parameters. A sink's gradient is
+``-sum_i p_sink(i) rowsum(dO_i * out_i)``. A backward that is itself differentiated
+(``create_graph``) recomputes the merged attention from explicit tiles merged out of place, so
+second derivatives are autograd's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import kernels as _kernels
+from .kernels import Kernel, kernel_for
+from .scores import Score, Visible
+
+INF = float("inf")
+# A block's queries: at most this many rows per call (and a masked call's tile at most
+# _TILE elements per head, its columns split to stay under it).
+_ROWS = 1024
+_LEAF = 128
+_TILE = 1 << 21
+# Queries per block where a table's calls run (the diagonal square's side): small enough that
+# the square computed beside the causal flag's skips costs little, large enough that a call's
+# fixed cost is spread over many keys.
+_SQUARE = 256
+
+
+@dataclass(frozen=True)
+class Call:
+    """One fused call: queries ``r0:r1`` of set ``s`` against keys ``c0:c1``. ``kind`` says
+    what mask it reads: ``"none"``; ``"tile"`` (made for it: ranges that differ row by row,
+    padding, a bias, a tile score); ``"hankel"`` (a view of the distance table, the call's
+    queries reversed); ``"square"`` (the block's diagonal square: the table's ``(heads, n,
+    n)`` mask and the kernel's causal flag)."""
+
+    s: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    kind: str = "none"
+
+    @property
+    def masked(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def flipped(self) -> bool:
+        return self.kind == "hankel"
+
+    @property
+    def causal(self) -> bool:
+        return self.kind == "square"
+
+
+class Table:
+    """A distance-only score as the calls read it: ``values`` ``(heads, n)`` at distances
+    ``lo .. lo + n - 1`` (``-inf`` where hidden), in the calls' dtype, and ``delta``, the
+    distance of row ``r`` and key column ``c`` being ``r - c + delta``."""
+
+    def __init__(self, values: torch.Tensor, lo: int, delta: int) -> None:
+        self.values, self.lo, self.delta = values, lo, delta
+        # Hankel views read it. Not detached: a recomputed backward differentiates through it.
+        self.rev = values.flip(-1).contiguous()
+        self._squares: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.values.shape[-1] - 1
+
+    def start(self, c: Call) -> int:
+        """Where call ``c``'s Hankel view starts in :attr:`rev` (its distance ``Dmax``)."""
+        return self.hi - ((c.r1 - 1) - c.c0 + self.delta)
+
+    def hankel(self, c: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Call ``c``'s mask ``(1, heads, n, C)`` over its reversed rows (a view), and the
+        rows it hides whole ``(1, heads, n)`` in their own order, or None."""
+        n, cols = c.r1 - c.r0, c.c1 - c.c0
+        start = self.start(c)
+        span = self.rev[:, start : start + n + cols - 1]
+        mask = span.as_strided((1, span.shape[0], n, cols), (0, span.stride(0), 1, 1))
+        seen = torch.nn.functional.pad(torch.isfinite(span).cumsum(-1), (1, 0))
+        count = seen[:, cols : cols + n] - seen[:, :n]  # reversed row i' sees t = i'..i'+C-1
+        hidden = (count == 0).flip(-1)[None]
+        return mask, hidden if bool(hidden.any()) else None
+
+    def square(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The diagonal square's mask ``(1, heads, n, n)`` (distance ``i - j``), and its blind
+        rows, made once per size."""
+        hit = self._squares.get(n)
+        if hit is None:
+            at = torch.arange(n, device=self.rev.device)
+            index = at[:, None] - at[None, :] - self.lo
+            mask = self.values[:, index.clamp(0, self.values.shape[-1] - 1)]
+            mask = mask.masked_fill((index < 0) | (index >= self.values.shape[-1]), -INF)[None]
+            hidden = (mask == -INF).all(-1)
+            hit = (mask, hidden if bool(hidden.any()) else None)
+            self._squares[n] = hit
+        return hit
+
+    def index(self, c: Call, shape: tuple[int, int]) -> torch.Tensor:
+        """The distance index (into :attr:`values`) of every element of call ``c``'s tile
+        ``(n, C)`` as its mask lays it out (reversed rows for a Hankel call)."""
+        n, cols = shape
+        i = torch.arange(n, device=self.rev.device)[:, None]
+        j = torch.arange(cols, device=self.rev.device)[None, :]
+        if c.flipped:
+            return self.values.shape[-1] - 1 - (self.start(c) + i + j)
+        return i - j - self.lo  # the square: c0 = r0 + delta
+
+
+def _add_table_grad(grad: torch.Tensor, ds: torch.Tensor, index: torch.Tensor) -> None:
+    """Add a call's logit gradients ``ds`` ``(B, heads, n, C)`` into the table's gradient
+    ``(heads, N)``: each element to its distance (summed along the call's diagonals)."""
+    flat = ds.sum(0).reshape(ds.shape[1], -1)
+    keep = (index >= 0) & (index < grad.shape[-1])
+    if not bool(keep.all()):
+        flat, index = flat[:, keep.reshape(-1)], index[keep]
+    grad.index_add_(1, index.reshape(-1), flat.to(grad.dtype))
+
+
+@dataclass(frozen=True)
+class Masks:
+    """What every call's mask is made from.
+
+    - ``starts``/``ends``: per position set, the first and one-past-last key index each query
+      sees, ``(B, q_len)`` int64 NumPy arrays (B is 1 or the batch), or None where a
+      :class:`Table` says what is hidden; ``first``: per set, the key column its keys tensor
+      starts at.
+    - ``pad``: ``(batch, k_len)`` bool NumPy array (True: hidden) or None.
+    - ``bias``: an additive bias broadcasting to ``(batch, heads, q_len, k_len)`` (see
+      :func:`hard`) or None; ``shift``: per row, subtracted from it (:func:`row_shift`).
+    - ``table``: a distance-only score and what is hidden, or None; ``score``: a score said
+      per tile (FIRE), or None; ``qp``/``kp``: the positions ``(B, q_len)``/``(B, k_len)``
+      (int64 tensors) a gathered table or a tile score reads.
+
+    NumPy for the ranges: planning a long call takes thousands of small reads, each ~10x
+    cheaper there than a tensor op.
+    """
+
+    starts: list[np.ndarray] | None = None
+    ends: list[np.ndarray] | None = None
+    pad: np.ndarray | None = None
+    bias: torch.Tensor | None = None
+    first: tuple[int, ...] = ()
+    shift: torch.Tensor | None = None
+    table: Table | None = None
+    score: Score | None = None
+    qp: torch.Tensor | None = None
+    kp: torch.Tensor | None = None
+
+    def span(self, s: int) -> tuple[int, int] | None:
+        """The key columns set ``s`` takes any pair from, or None for a set no query uses
+        (a decode step rotates only these keys for it)."""
+        assert self.starts is not None and self.ends is not None
+        live = self.starts[s] < self.ends[s]
+        if not live.any():
+            return None
+        return int(self.starts[s][live].min()), int(self.ends[s][live].max())
+
+    def keep(self, sets: list[int], first: list[int]) -> Masks:
+        """Only ``sets``, their keys tensors starting at columns ``first``."""
+        assert self.starts is not None and self.ends is not None
+        return dataclasses.replace(
+            self,
+            starts=[self.starts[s] for s in sets],
+            ends=[self.ends[s] for s in sets],
+            first=tuple(first),
+        )
+
+    def keys(self, ks: Sequence[torch.Tensor], c: Call) -> torch.Tensor:
+        """Call ``c``'s keys from its set's tensor."""
+        at = self.first[c.s] if self.first else 0
+        return ks[c.s][:, :, c.c0 - at : c.c1 - at]
+
+    def clear(self, c0: int, c1: int) -> bool:
+        """Whether keys ``c0:c1`` need no mask beyond the ranges: no score, no bias, no
+        padding there."""
+        plain = self.bias is None and self.table is None and self.score is None
+        return plain and (self.pad is None or not self.pad[:, c0:c1].any())
+
+    def mask(
+        self, c: Call, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The additive mask of call ``c``, ``(B, 1 or heads, rows, cols)`` (a view for a
+        Hankel call: rows reversed), and the rows it hides whole (``(B, 1 or heads, rows)``
+        bool, in their own order), or None if none."""
+        if c.kind in ("hankel", "square") and self.table is not None:
+            if c.kind == "hankel":
+                mask, hidden = self.table.hankel(c)  # the calls' dtype: still a view
+            else:
+                mask, hidden = self.table.square(c.r1 - c.r0)
+            if self.score is not None:  # a score said per tile, on top of the table's
+                qp, kp = self._positions(c)
+                tile = self.score.tile(qp, kp).to(mask.dtype)
+                mask = tile.add_(mask) if not tile.requires_grad else tile + mask
+            return mask.to(dtype), hidden
+        return self._tile(c, dtype, device)
+
+    def _tile(
+        self, c: Call, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        wide = torch.promote_types(dtype, torch.float32)  # formed wide, rounded once
+        add: torch.Tensor | None = None
+        if self.starts is not None and self.ends is not None:
+            cols = np.arange(c.c0, c.c1)
+            a = self.starts[c.s][:, c.r0 : c.r1, None]
+            e = self.ends[c.s][:, c.r0 : c.r1, None]
+            seen = (cols >= a) & (cols < e)
+            if self.pad is not None:
+                seen = seen & ~self.pad[:, None, c.c0 : c.c1]
+            add = torch.from_numpy(np.where(seen, 0.0, -np.inf)[:, None]).to(device, wide)
+        elif self.pad is not None:
+            pad = np.where(self.pad[:, None, None, c.c0 : c.c1], -np.inf, 0.0)
+            add = torch.from_numpy(pad).to(device, wide)
+        for part in self._scores(c, wide):
+            add = part if add is None else add + part
+        if self.bias is not None:  # a dimension of size 1 broadcasts: not sliced
+            bias = self.bias
+            bias = bias[..., c.r0 : c.r1, :] if bias.shape[-2] > 1 else bias
+            bias = bias[..., c.c0 : c.c1] if bias.shape[-1] > 1 else bias
+            part = hard(bias, torch.promote_types(wide, bias.dtype))
+            if self.shift is not None:
+                part = part - self.shift[..., c.r0 : c.r1, None].to(part.dtype)
+            add = part if add is None else add + part
+        assert add is not None
+        add = add.to(dtype)
+        hidden = (add == -INF).all(-1)
+        return add, hidden if bool(hidden.any()) else None
+
+    def _scores(self, c: Call, wide: torch.dtype) -> list[torch.Tensor]:
+        """Call ``c``'s scores as tiles ``(B, heads, rows, cols)``: the table gathered at the
+        positions' distances, and the tile score."""
+        parts = []
+        if self.table is not None or self.score is not None:
+            qp, kp = self._positions(c)
+            if self.table is not None:
+                d = qp.unsqueeze(-1) - kp.unsqueeze(-2)  # (B, rows, cols)
+                index = d - self.table.lo
+                values = self.table.values
+                inside = (index >= 0) & (index < values.shape[-1])
+                got = values[:, index.clamp(0, values.shape[-1] - 1)].movedim(0, 1)
+                parts.append(got.masked_fill(~inside[:, None], -INF).to(wide))
+            if self.score is not None:
+                parts.append(self.score.tile(qp, kp).to(wide))
+        return parts
+
+    def _positions(self, c: Call) -> tuple[torch.Tensor, torch.Tensor]:
+        """Call ``c``'s query and key positions, the rows as its kernel sees them."""
+        assert self.qp is not None and self.kp is not None
+        qp = self.qp[:, c.r0 : c.r1]
+        return qp.flip(-1) if c.flipped else qp, self.kp[:, c.c0 : c.c1]
+
+
+def hard(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention mask as an additive bias in ``dtype``: a bool mask (True: seen) is 0 or
+    -inf; an additive one is kept, its entries at or below half its dtype's lowest (the fill
+    transformers uses for a hidden key) made -inf, so a query hidden from every key is one."""
+    if bias.dtype == torch.bool:
+        return torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(~bias, -INF)
+    floor = torch.finfo(bias.dtype).min / 2
+    return bias.to(dtype).masked_fill(bias <= floor, -INF)
+
+
+# --- plans: which calls ---------------------------------------------------------------------
+
+Block = tuple[int, int, list[Call]]
+
+
+def square_plan(
+    q_len: int, k_len: int, delta: int, visible: Visible, tiles: int | None = None
+) -> list[Block]:
+    """The calls of a distance-only score on positions that are ranges (row ``r``'s distance
+    to key column ``c`` is ``r - c + delta``): per block of :data:`_SQUARE` queries, one
+    Hankel call over the keys every row of the block might see, and where causal the block's
+    diagonal square apart, under the kernel's causal flag. ``tiles``: where the score is said
+    per tile (FIRE), its calls are at most that many columns wide (the tile it adds)."""
+    lo_d, hi_d = visible.span()
+    blocks = []
+    for r0 in range(0, q_len, _SQUARE):
+        r1 = min(q_len, r0 + _SQUARE)
+        c_lo = 0 if hi_d == INF else max(0, int(r0 + delta - hi_d))
+        c_hi = k_len if lo_d == -INF else min(k_len, int(r1 - 1 + delta - lo_d) + 1)
+        calls: list[Call] = []
+        if c_hi > c_lo:
+            own = r0 + delta  # the key column at row r0's own position
+            square = visible.causal and r1 - r0 > 1 and c_lo <= own and own + (r1 - r0) == c_hi
+            rest = own if square else c_hi
+            width = max(1, rest - c_lo if tiles is None else tiles)
+            calls += [
+                Call(0, r0, r1, c, min(rest, c + width), "hankel") for c in range(c_lo, rest, width)
+            ]
+            if square:
+                calls.append(Call(0, r0, r1, own, c_hi, "square"))
+        blocks.append((r0, r1, calls))
+    return blocks
+
+
+def range_plan(masks: Masks, q_len: int) -> list[Block]:
+    """Each block of :data:`_ROWS` queries ``(r0, r1)`` and its calls (see :func:`_calls`),
+    where each query's keys are per-set ranges (:attr:`Masks.starts`)."""
+    assert masks.starts is not None
+    blocks = []
+    for r0 in range(0, q_len, _ROWS):
+        r1 = min(q_len, r0 + _ROWS)
+        calls: list[Call] = []
+        for s in range(len(masks.starts)):
+            calls += _calls(masks, s, r0, r1, 0, 1 << 62)
+        blocks.append((r0, r1, calls))
+    return blocks
+
+
+def _calls(masks: Masks, s: int, r0: int, r1: int, x0: int, x1: int) -> list[Call]:
+    """Set ``s``'s calls for queries ``r0:r1`` over keys ``x0:x1``: an unmasked call over
+    the core of columns every row sees whole (none where a score, padding or a bias lies
+    there), and the edges on either side split by halving the rows until each half's columns
+    are tight (so a masked call computes few pairs it then hides), masked below :data:`_LEAF`
+    rows."""
+    assert masks.starts is not None and masks.ends is not None
+    a = masks.starts[s][:, r0:r1].clip(x0, x1)
+    e = masks.ends[s][:, r0:r1].clip(x0, x1)
+    live = a < e
+    if not live.any():
+        return []
+    c0, c1 = int(a[live].min()), int(e[live].max())
+    lo, hi = int(a.max()), int(e.min())
+    if live.all() and hi - lo >= min(_LEAF, c1 - c0) and masks.clear(lo, hi):
+        core = [Call(s, r0, r1, lo, hi)]
+        return _calls(masks, s, r0, r1, c0, lo) + core + _calls(masks, s, r0, r1, hi, c1)
+    if r1 - r0 > _LEAF:
+        mid = (r0 + r1) // 2
+        return _calls(masks, s, r0, mid, c0, c1) + _calls(masks, s, mid, r1, c0, c1)
+    width = max(1, _TILE // max(1, (r1 - r0) * a.shape[0]))
+    return [Call(s, r0, r1, x, min(c1, x + width), "tile") for x in range(c0, c1, width)]
+
+
+# --- the merged attention and its gradients -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """How the merged attention's tensor inputs are laid out: each set's queries, each set's
+    keys, v, then where present the bias (it requires grad), the table's values (they
+    require grad), the sinks ``(heads,)``, and a tile score's parameters."""
+
+    sets: int
+    bias: bool = False
+    table: bool = False
+    sinks: bool = False
+    params: int = 0
+
+    def split(self, tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
+        n = self.sets
+        out: dict[str, Any] = {"qs": tuple(tensors[:n]), "ks": tuple(tensors[n : 2 * n])}
+        at = 2 * n
+        out["v"] = tensors[at]
+        at += 1
+        for name in ("bias", "table", "sinks"):
+            out[name] = tensors[at] if getattr(self, name) else None
+            at += getattr(self, name)
+        out["params"] = tuple(tensors[at : at + self.params])
+        return out
+
+
+def _tile(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    return x[:, :, lo:hi]
+
+
+def _rows(x: torch.Tensor, c: Call) -> torch.Tensor:
+    """Call ``c``'s rows of ``x`` ``(B, H, L, ...)`` as its kernel sees them (reversed for a
+    Hankel call)."""
+    t = x[:, :, c.r0 : c.r1]
+    return t.flip(2) if c.flipped else t
+
+
+def _row_values(x: torch.Tensor, c: Call) -> torch.Tensor:
+    """As :func:`_rows`, for per-row values ``(B, H, L)``."""
+    t = x[:, :, c.r0 : c.r1]
+    return t.flip(-1) if c.flipped else t
+
+
+class _Merged(torch.autograd.Function):
+    """The merged attention of every call (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, blocks, masks, scale, kernel: Kernel, layout: Inputs, *tensors):
+        t = layout.split(tensors)
+        qs, ks, v = t["qs"], t["ks"], t["v"]
+        b, h, q_len = qs[0].shape[:3]
+        wide = torch.promote_types(v.dtype, torch.float32)  # merged in float32 or wider
+        out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
+        low = blind(wide)
+        lse = v.new_full((b, h, q_len), low, dtype=wide)
+        for _, _, calls in blocks:
+            for c in calls:
+                mask, hidden = masks.mask(c, v.dtype, v.device) if c.masked else (None, None)
+                o, m = kernel.forward(
+                    _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale,
+                    c.causal,
+                )  # fmt: skip
+                if c.flipped:
+                    o, m = o.flip(2), m.flip(-1)
+                m = m.to(wide)
+                if hidden is not None:  # a row the mask hides whole has no lse (0 or nan)
+                    hidden = hidden.expand_as(m)
+                    m = m.masked_fill(hidden, low)
+                    o = o.masked_fill(hidden[..., None], 0.0)
+                _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
+        if t["sinks"] is not None:  # one more term: a logit per head, a zero value
+            sink = t["sinks"].to(wide)[None, :, None].expand_as(lse)
+            _merge(out, lse, torch.zeros_like(out), sink.contiguous())
+        lse.masked_fill_(lse == low, -INF)  # rows that saw no key anywhere
+        ctx.blocks, ctx.masks, ctx.scale, ctx.kernel, ctx.layout = (
+            blocks, masks, scale, kernel, layout,
+        )  # fmt: skip
+        out = out.to(v.dtype)
+        ctx.save_for_backward(*tensors, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        saved = ctx.saved_tensors
+        tensors, out, lse = saved[:-2], saved[-2], saved[-1]
+        layout: Inputs = ctx.layout
+        t = layout.split(tensors)
+        if torch.is_grad_enabled():  # create_graph: a double backward will follow
+            return (None,) * 5 + tuple(_differentiated(ctx, t, tensors, d_out))
+        qs, ks, v = t["qs"], t["ks"], t["v"]
+        unseen = lse == -INF  # rows that saw no key: zero output, zero gradient
+        d_out = d_out.masked_fill(unseen[..., None], 0.0).contiguous()
+        lse = lse.masked_fill(unseen, INF)
+        wide = lse.dtype  # gradients summed over calls in float32 or wider
+        grads = Grads(t, wide)
+        masks: Masks = ctx.masks
+        learned = layout.bias or layout.table or layout.params > 0
+        for _, _, calls in ctx.blocks:
+            for c in calls:
+                mask = masks.mask(c, v.dtype, v.device)[0] if c.masked else None
+                tiles = (
+                    _rows(d_out, c), _rows(qs[c.s], c), masks.keys(ks, c),
+                    _tile(v, c.c0, c.c1), _rows(out, c), _row_values(lse, c), mask, ctx.scale,
+                )  # fmt: skip
+                if learned and c.masked:  # the explicit tile: its logits' gradient too
+                    dq, dk, dv, ds = _kernels.scores_backward(*tiles, causal=c.causal)
+                    grads.scores(masks, c, ds)
+                else:
+                    dq, dk, dv = ctx.kernel.backward(*tiles, causal=c.causal)
+                if c.flipped:
+                    dq = dq.flip(2)
+                grads.qs[c.s][:, :, c.r0 : c.r1] += dq
+                masks.keys(grads.ks, c).add_(dk)
+                grads.v[:, :, c.c0 : c.c1] += dv
+        if t["sinks"] is not None:  # p_sink(i) = exp(sink - lse_i); d sink = -sum p * D_i
+            rowsum = (d_out.to(wide) * out.to(wide)).sum(-1)
+            p_sink = (t["sinks"].to(wide)[None, :, None] - lse).exp()
+            grads.sinks = -(p_sink * rowsum).sum((0, 2))
+        return (None,) * 5 + tuple(grads.result(t, layout))
+
+
+class Grads:
+    """The gradients being summed over calls, in float32 or wider."""
+
+    def __init__(self, t: dict[str, Any], wide: torch.dtype) -> None:
+        self.qs = [torch.zeros_like(q, dtype=wide) for q in t["qs"]]
+        self.ks = [torch.zeros_like(k, dtype=wide) for k in t["ks"]]
+        self.v = torch.zeros_like(t["v"], dtype=wide)
+        self.bias = None if t["bias"] is None else torch.zeros_like(t["bias"], dtype=wide)
+        self.table = None if t["table"] is None else torch.zeros_like(t["table"], dtype=wide)
+        self.params = [torch.zeros_like(p, dtype=wide) for p in t["params"]]
+        self.sinks: torch.Tensor | None = None
+
+    def scores(self, masks: Masks, c: Call, ds: torch.Tensor) -> None:
+        """Call ``c``'s logit gradients ``ds`` ``(B, heads, rows, cols)`` (its kernel's
+        layout) into every learned piece of its mask."""
+        if self.table is not None and masks.table is not None:
+            if c.kind in ("hankel", "square"):
+                rows, cols = ds.shape[-2:]
+                _add_table_grad(self.table, ds, masks.table.index(c, (rows, cols)))
+            else:
+                qp, kp = masks._positions(c)
+                index = qp.unsqueeze(-1) - kp.unsqueeze(-2) - masks.table.lo  # (B, n, C)
+                if index.shape[0] == 1:
+                    _add_table_grad(self.table, ds, index[0])
+                else:
+                    for b in range(ds.shape[0]):
+                        _add_table_grad(self.table, ds[b : b + 1], index[b])
+        if self.bias is not None:
+            _add_bias_grad(self.bias, ds.flip(2) if c.flipped else ds, c)
+        if self.params and masks.score is not None:
+            qp, kp = masks._positions(c)
+            with torch.enable_grad():
+                tile = masks.score.tile(qp, kp)
+                wanted = list(masks.score.parameters())
+                d_tile = ds.sum(0, keepdim=True) if tile.shape[0] == 1 else ds
+                got = torch.autograd.grad(tile, wanted, d_tile.to(tile.dtype), allow_unused=True)
+            for acc, g in zip(self.params, got, strict=True):
+                if g is not None:
+                    acc += g
+
+    def result(self, t: dict[str, Any], layout: Inputs) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = [
+            g.to(x.dtype) for g, x in zip((*self.qs, *self.ks, self.v),
+                                          (*t["qs"], *t["ks"], t["v"]), strict=True)
+        ]  # fmt: skip
+        for name in ("bias", "table", "sinks"):
+            if getattr(layout, name):
+                g = getattr(self, name)
+                out.append(None if g is None else g.to(t[name].dtype))
+        out += [g.to(p.dtype) for g, p in zip(self.params, t["params"], strict=True)]
+        return out
+
+
+def _add_bias_grad(d_bias: torch.Tensor, ds: torch.Tensor, c: Call) -> None:
+    """Add call ``c``'s logit gradients ``ds`` ``(batch, heads, rows, cols)`` into the bias's
+    ``d_bias`` (4-D), summed over every dimension the bias broadcasts along."""
+    dims = [i for i in (0, 1) if d_bias.shape[i] == 1 and ds.shape[i] > 1]
+    rows, cols = d_bias.shape[-2] > 1, d_bias.shape[-1] > 1
+    dims += [i for i, keep in ((2, rows), (3, cols)) if not keep]
+    if dims:
+        ds = ds.sum(dims, keepdim=True)
+    view = d_bias[..., c.r0 : c.r1, :] if rows else d_bias
+    view = view[..., c.c0 : c.c1] if cols else view
+    view += ds
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor) -> None:
+    """Fold one call's rows ``(o, m)`` into the running ``(out, lse)`` views, in place (``m``
+    is finite: a blind row's is :func:`blind`). The two are weighed relative to the larger
+    log-sum-exp and normalised by the weights' sum, not by ``exp(lse)``: two calls whose
+    log-sum-exps round to the same large value (a fill of -1e9 on every key) weigh 1/2 each."""
+    top = torch.maximum(lse, m)
+    keep = torch.sub(lse, top).exp_()
+    take = torch.sub(m, top).exp_()
+    total = keep + take
+    out.mul_((keep / total).unsqueeze_(-1)).add_(o * (take / total).unsqueeze_(-1))
+    lse.copy_(top.add_(total.log_()))
+
+
+def _differentiated(
+    ctx: Any, t: dict[str, Any], tensors: Sequence[torch.Tensor], d_out: torch.Tensor
+) -> list[torch.Tensor | None]:
+    """The backward as operations autograd can differentiate again: the merged attention
+    recomputed from explicit tiles and merged out of place, its masks rebuilt from the saved
+    (differentiable) bias, table and score, then its gradient with ``create_graph`` (the
+    flash kernels' backward has no derivative of its own)."""
+    masks: Masks = ctx.masks
+    if t["bias"] is not None:
+        masks = dataclasses.replace(masks, bias=t["bias"])
+    if t["table"] is not None and masks.table is not None:
+        table = Table(t["table"], masks.table.lo, masks.table.delta)
+        masks = dataclasses.replace(masks, table=table)
+    with torch.enable_grad():
+        out = _recomputed(ctx.blocks, masks, ctx.scale, t)
+    grads = torch.autograd.grad(out, tensors, d_out, create_graph=True, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, tensors, strict=True)]
+
+
+def _recomputed(blocks: list[Block], masks: Masks, scale: float, t: dict[str, Any]) -> torch.Tensor:
+    """The merged attention from explicit tiles, every step differentiable twice: each call's
+    rows folded into its block's by the larger log-sum-exp (no logaddexp: its derivative's
+    derivative is nan where one side is the blind sentinel)."""
+    qs, ks, v = t["qs"], t["ks"], t["v"]
+    b, h = qs[0].shape[:2]
+    wide = torch.promote_types(v.dtype, torch.float32)
+    low = blind(wide)
+    rows = []
+    for r0, r1, calls in blocks:
+        out = v.new_zeros((b, h, r1 - r0, v.shape[-1]), dtype=wide)
+        lse = v.new_full((b, h, r1 - r0), low, dtype=wide)
+        for c in calls:
+            mask, hidden = masks.mask(c, v.dtype, v.device) if c.masked else (None, None)
+            if mask is not None and hidden is not None:  # computed as seen, then dropped
+                seen_back = hidden.flip(-1) if c.flipped else hidden
+                mask = mask.masked_fill(seen_back[..., None], 0.0)
+            o, m = _kernels.TILES.forward(
+                _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale,
+                c.causal,
+            )  # fmt: skip
+            if c.flipped:
+                o, m = o.flip(2), m.flip(-1)
+            m = m.to(wide)
+            if hidden is not None:
+                hidden = hidden.expand_as(m)
+                m, o = m.masked_fill(hidden, low), o.masked_fill(hidden[..., None], 0.0)
+            before, after = c.r0 - r0, r1 - c.r1  # the call's rows placed in the block's
+            o = torch.nn.functional.pad(o.to(wide), (0, 0, before, after))
+            m = torch.nn.functional.pad(m, (before, after), value=low)
+            out, lse = _merged_pair(out, lse, o, m)
+        rows.append((out, lse))
+    out = torch.cat([o for o, _ in rows], dim=2)
+    if t["sinks"] is not None:
+        lse = torch.cat([m for _, m in rows], dim=-1)
+        sink = t["sinks"].to(wide)[None, :, None].expand_as(lse)
+        out, _ = _merged_pair(out, lse, torch.zeros_like(out), sink)
+    return out.to(v.dtype)
+
+
+def _merged_pair(
+    out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_merge` out of place, for autograd."""
+    top = torch.maximum(lse, m)
+    keep, take = (lse - top).exp(), (m - top).exp()
+    total = keep + take
+    merged = (out * keep.unsqueeze(-1) + o * take.unsqueeze(-1)) / total.unsqueeze(-1)
+    return merged, top + total.log()
+
+
+def blind(dtype: torch.dtype) -> float:
+    """The log-sum-exp of a row a call hides whole: the dtype's lowest finite value, so merging
+    needs no nan handling, and below any real one (a logit below it is -inf in this dtype; a
+    fixed -1e30 lost to rows whose logits are that low, at a scale of 1e31). A row that sees
+    nothing anywhere keeps exactly it (``lowest + log 2`` rounds back to it)."""
+    return torch.finfo(dtype).min
+
+
+def row_shift(masks: Masks, blocks: list[Block], dtype: torch.dtype) -> torch.Tensor:
+    """Per query row, the largest bias among the keys it sees, ``(B or 1, heads or 1, q_len)``
+    (0 for a row that sees none): subtracted from the row's bias, it changes no softmax, and
+    keeps every call's log-sum-exp near the scale of the logits. Without it a row whose keys all
+    carry a large finite fill (a padded query row under a hand-written -1e9 mask) has
+    log-sum-exps that round to the fill in float32, and the calls cannot be weighed."""
+    shift: torch.Tensor | None = None
+    assert masks.bias is not None
+    for _, _, calls in blocks:
+        for c in calls:
+            tile = masks.mask(c, dtype, masks.bias.device)[0].amax(-1)
+            if shift is None:
+                shift = tile.new_full((*tile.shape[:2], blocks[-1][1]), -INF)
+            part = shift[..., c.r0 : c.r1]
+            torch.maximum(part, tile, out=part)
+    assert shift is not None
+    return shift.masked_fill_(shift == -INF, 0.0)
+
+
+# A bias whose finite entries all lie within this of 0 needs no shift: its rows' log-sum-exps
+# are of the order of the logits', as without a bias.
+_SHIFT_FREE = 16.0
+
+
+def _needs_shift(bias: torch.Tensor) -> bool:
+    """Whether a float bias has a finite entry (one not hiding its key) beyond
+    :data:`_SHIFT_FREE`; read in slices of rows, so nothing of the bias's size is formed."""
+    if bias.dtype == torch.bool:
+        return False
+    floor = torch.finfo(bias.dtype).min / 2
+    step = max(1, (1 << 22) // max(1, bias[..., :1, :].numel()))
+    for r0 in range(0, bias.shape[-2], step):
+        part = bias[..., r0 : r0 + step, :]
+        if bool(((part.abs() > _SHIFT_FREE) & (part > floor)).any()):
+            return True
+    return False
+
+
+def attention(
+    qs: list[torch.Tensor],
+    ks: list[torch.Tensor],
+    v: torch.Tensor,
+    masks: Masks,
+    scale: float,
+    fused: bool = True,
+    *,
+    blocks: list[Block] | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax attention over calls merged by log-sum-exp.
+
+    Args:
+        qs: per set, queries ``(batch, heads, q_len, dim)`` (one set but for a training-free
+            extension's position sets).
+        ks: per set, keys ``(batch, kv_heads, k_len, dim)``, kv_heads dividing heads.
+        v: ``(batch, kv_heads, k_len, v_dim)``.
+        masks: what the calls' masks are made of (:class:`Masks`); a bias of fewer than 4
+            dimensions is read as broadcasting from the right, and gets its gradient where it
+            requires one, as do the table's values and a tile score's parameters.
+        scale: the logit scale.
+        fused: False runs the explicit tiles on the CPU too (what other devices run).
+        blocks: the calls (:func:`square_plan`); default :func:`range_plan` of ``masks``.
+        sinks: ``(heads,)`` sink logits, or None.
+
+    Returns:
+        ``(batch, heads, q_len, v_dim)`` in v's dtype; zeros for a query that sees no key (and
+        no sink).
+    """
+    d, dv = qs[0].shape[-1], v.shape[-1]
+    if dv != d and fused and v.device.type == "cpu":  # the flash kernel wants one head size
+        if dv < d:
+            out = attention(qs, ks, _pad(v, d), masks, scale, blocks=blocks, sinks=sinks)
+            return out[..., :dv]
+        qs, ks = [_pad(q, dv) for q in qs], [_pad(k, dv) for k in ks]
+    # The flash kernels read the last dimension as unit-stride whatever its stride says (a
+    # transposed or step-sliced v gave wrong outputs): such a tensor is copied once, here.
+    qs, ks, v = [_unit(q) for q in qs], [_unit(k) for k in ks], _unit(v)
+    bias = masks.bias
+    if bias is not None and bias.dim() < 4:
+        bias = bias.view((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        masks = dataclasses.replace(masks, bias=bias)
+    if blocks is None:
+        blocks = range_plan(masks, qs[0].shape[2])
+    if bias is not None and masks.shift is None and blocks and _needs_shift(bias):
+        dtype = torch.promote_types(bias.dtype, torch.float32)
+        with torch.no_grad():
+            masks = dataclasses.replace(masks, shift=row_shift(masks, blocks, dtype))
+    kernel = kernel_for(qs[0], v, fused)
+    extra: list[torch.Tensor] = []
+    layout = Inputs(len(qs))
+    if bias is not None and bias.requires_grad:
+        layout, extra = dataclasses.replace(layout, bias=True), [*extra, bias]
+    table = masks.table
+    if table is not None and table.values.requires_grad:
+        layout, extra = dataclasses.replace(layout, table=True), [*extra, table.values]
+    if sinks is not None:
+        layout, extra = dataclasses.replace(layout, sinks=True), [*extra, sinks]
+    params = masks.score.parameters() if masks.score is not None else []
+    if params:
+        layout, extra = dataclasses.replace(layout, params=len(params)), [*extra, *params]
+    return _Merged.apply(blocks, masks, scale, kernel, layout, *qs, *ks, v, *extra)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[-1]))

@@ -1,0 +1,88 @@
+"""posemb's scores as FlexAttention score functions and block masks (the CUDA path, issue 55),
+checked on the CPU through FlexAttention's eager reference (and compiled, for inference)
+against the blocked core; and when FlexAttention hands a call to the core, and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posemb
+from posemb.attention import flex, scores, tiled
+from tolerances import TOL
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _score(name):
+    torch.manual_seed(4)
+    module = posemb.make_encoding(name, 4, 8, causal=True)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return scores.score_of(module, 4)
+
+
+def _table(score, q_len, k_len, delta):
+    lo = delta - (k_len - 1)
+    table = score.table(torch.arange(lo, q_len + delta)) if score.distance_only else None
+    return table, lo
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
+@pytest.mark.parametrize(
+    "visible",
+    [scores.Visible(True, None), scores.Visible(True, 5), scores.Visible(False, None)],
+    ids=["causal", "window", "both-ways"],
+)
+def test_the_score_functions_are_the_cores_scores(name, visible):
+    """Decode-like shapes too: 7 queries at the end of 24 keys (delta 17)."""
+    score = _score(name)
+    g = torch.Generator().manual_seed(5)
+    for q_len, k_len in ((24, 24), (7, 24)):
+        q = torch.randn(1, 4, q_len, 8, generator=g)
+        k, v = torch.randn(1, 2, k_len, 8, generator=g), torch.randn(1, 2, k_len, 8, generator=g)
+        delta = k_len - q_len
+        table, lo = _table(score, q_len, k_len, delta)
+        got = flex.attend(q, k, v, score, table, lo, visible, 0.3, delta, compiled=False)
+        want = tiled.tiled_attention(q, k, v, score, visible, 0.3)
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_a_learned_table_gets_its_gradient_through_flexattention():
+    score = _score("t5")
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 4, 20, 8, generator=g) for _ in range(3))
+    weight = score.module.weight
+    grads = []
+    for run in ("flex", "core"):
+        if run == "flex":
+            table, lo = _table(score, 20, 20, 0)
+            out = flex.attend(q, k, v, score, table, lo, scores.Visible(), 0.3, 0, False)
+        else:
+            out = tiled.tiled_attention(q, k, v, score, scores.Visible(), 0.3)
+        grads.append(torch.autograd.grad(out.square().sum(), weight)[0])
+    torch.testing.assert_close(grads[0], grads[1], **TOL[torch.float32])
+
+
+def test_compiled_flexattention_on_the_cpu_for_inference():
+    score = _score("alibi")
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 4, 128, 16, generator=g) for _ in range(3))
+    table, lo = _table(score, 128, 128, 0)
+    with torch.no_grad():
+        got = flex.attend(q, k, v, score, table.float(), lo, scores.Visible(), 0.25, 0)
+    want = tiled.tiled_attention(q, k, v, score, scores.Visible(), 0.25)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_what_flexattention_hands_to_the_core_and_says_why():
+    score = _score("alibi")
+    q = torch.randn(1, 4, 8, 8)
+    assert "CUDA" in flex.why_not(q, score, 0, None, None)
+    if torch.cuda.is_available():  # the other reasons, where the device allows them
+        cq = q.cuda()
+        assert flex.why_not(cq, score, 0, None, None) is None
+        assert "sinks" in flex.why_not(cq, score, 0, None, torch.zeros(4, device="cuda"))
+        assert "padding" in flex.why_not(cq, score, 0, torch.zeros(1, 8, dtype=bool), None)
+        assert "ranges" in flex.why_not(cq, score, None, None, None)

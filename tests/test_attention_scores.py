@@ -1,0 +1,101 @@
+"""Each encoding's score as the blocked core and FlexAttention read it (a table per distance,
+or FIRE's tile) against the encoding module's own bias, and what is hidden by causality and a
+window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posemb
+from posemb.attention import scores
+from tolerances import TOL, UNIT_ROUNDOFF
+
+F64 = torch.float64
+
+
+def _module(name, causal=True):
+    torch.manual_seed(3)
+    enc = "kerple" if name.startswith("kerple") else name
+    extra = {"kind": "power"} if name == "kerple-power" else {}
+    module = posemb.make_encoding(enc, 4, 8, causal=causal, **extra).double()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return module
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "kerple-power"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_table_is_the_modules_bias_at_each_distance(name, causal):
+    module = _module(name, causal)
+    score = scores.score_of(module, 4)
+    assert score.distance_only
+    qp, kp = torch.arange(40), torch.arange(40) + 3
+    want = module(qp, kp)[0]  # (heads, q, k)
+    d = qp[:, None] - kp[None, :]
+    lo = int(d.min())
+    table = score.table(torch.arange(lo, int(d.max()) + 1))
+    torch.testing.assert_close(table[:, d - lo].to(F64), want, **TOL[F64])
+
+
+@pytest.mark.parametrize("threshold", [4.0, 512.0])
+def test_fires_tile_is_its_mlp_in_pieces(threshold):
+    """FIRE's MLP read as pieces (slope and intercept per piece) gives the MLP's bias: below
+    and past the threshold, at per-sequence positions, with its gradients."""
+    module = posemb.FireBias(4, init_threshold=threshold).double()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    score = scores.score_of(module, 4)
+    assert not score.distance_only
+    qp = torch.arange(30)[None] + torch.tensor([[0], [9]])
+    kp = torch.arange(30)[None].expand(2, -1)
+    got = score.tile(qp, kp)
+    want = module(qp, kp)
+    torch.testing.assert_close(got, want, **TOL[F64])
+    g = torch.randn_like(got)
+    params = list(module.parameters())
+    # Each parameter's gradient sums over every element of the tile, in another order on
+    # either side: at most one roundoff per term apart, at the scale of the largest.
+    terms = got.numel()
+    u = UNIT_ROUNDOFF[F64]
+    for a, b in zip(
+        torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), strict=True
+    ):
+        scale = max(1.0, float(b.abs().max()))
+        torch.testing.assert_close(a, b, rtol=terms * u, atol=terms * u * scale)
+
+
+def test_fires_pieces_are_the_mlp_between_every_breakpoint():
+    module = posemb.FireBias(3).double()
+    breaks, slope, intercept = scores.Fire(module).pieces()
+    assert bool((breaks[1:] > breaks[:-1]).all())
+    x = torch.linspace(-3, 3, 2001, dtype=F64)
+    piece = torch.searchsorted(breaks, x)
+    got = slope[piece] * x[:, None] + intercept[piece]
+    torch.testing.assert_close(got, module.mlp(x[:, None]).detach(), **TOL[F64])
+
+
+@pytest.mark.parametrize(
+    ("visible", "hidden"),
+    [
+        (scores.Visible(True, None), [True, True, False, False, False, False]),
+        (scores.Visible(True, 2), [True, True, False, False, True, True]),
+        (scores.Visible(False, 2), [True, False, False, False, True, True]),
+        (scores.Visible(False, None), [False] * 6),
+    ],
+)
+def test_what_causality_and_a_window_hide(visible, hidden):
+    d = torch.tensor([-2, -1, 0, 1, 2, 3])
+    got = visible.hidden(d)
+    assert (got.tolist() if got is not None else [False] * 6) == hidden
+    lo, hi = visible.span()
+    assert [not (lo <= x <= hi) for x in d.tolist()] == hidden
+
+
+def test_rotary_encodings_and_none_have_no_score():
+    for enc in (None, posemb.RotaryEmbedding(8)):
+        score = scores.score_of(enc, 4)
+        assert isinstance(score, scores.NoScore)
+        assert score.table(torch.arange(-3, 4)).abs().max() == 0

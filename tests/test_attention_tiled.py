@@ -1,0 +1,218 @@
+"""PositionalAttention through the blocked core (issue 55) against its explicit path (the
+``(q_len, k_len)`` bias handed to SDPA, which ``attention_probs`` checks against the written-out
+definition), forward and backward, every learned piece included: every bias encoding, windows,
+sinks, GQA, decode steps and chunks over a cache, explicit positions, key padding, each dtype,
+second derivatives; blocks forced small so that every call kind and block edge is crossed; and
+what it must never do (form a ``q_len x k_len`` tensor)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import posemb
+from posemb.attention import core, module
+from tolerances import TOL_SECOND, assert_close_at_scale
+
+F64 = torch.float64
+ENCODINGS = ["alibi", "t5", "kerple", "kerple-power", "fire", "rope", "nope"]
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks(monkeypatch):
+    """Blocks of 16 queries (squares of 16, leaves of 4, tiles of 512 elements): every call
+    kind and block edge on inputs of a few dozen tokens."""
+    monkeypatch.setattr(core, "_SQUARE", 16)
+    monkeypatch.setattr(core, "_ROWS", 16)
+    monkeypatch.setattr(core, "_LEAF", 4)
+    monkeypatch.setattr(core, "_TILE", 512)
+
+
+def _attention(name, dtype=F64, **kw):
+    extra = {"kind": "power"} if name == "kerple-power" else {}
+    enc = "kerple" if name == "kerple-power" else name
+    torch.manual_seed(1)
+    att = posemb.PositionalAttention(enc, num_heads=4, head_dim=8, **extra, **kw).to(dtype)
+    with torch.no_grad():  # learned pieces away from their initial values
+        for p in att.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return att
+
+
+def _inputs(b, lq, lk, dtype=F64, kv=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, 4, lq, 8, generator=g, dtype=F64).to(dtype).requires_grad_()
+    k = torch.randn(b, kv, lk, 8, generator=g, dtype=F64).to(dtype).requires_grad_()
+    v = torch.randn(b, kv, lk, 8, generator=g, dtype=F64).to(dtype).requires_grad_()
+    return q, k, v
+
+
+def _both(att, q, k, v, monkeypatch, **call):
+    """Output and gradients (q, k, v, then every parameter) through the tiles and through the
+    explicit path."""
+    runs = []
+    params = [p for p in att.parameters() if p.requires_grad]
+    for tiles in (True, False):
+        monkeypatch.setattr(module, "TILES_FROM", 1 if tiles else 1 << 60)
+        out = att(q, k, v, **call)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        grads = torch.autograd.grad((out * weight).sum(), (q, k, v, *params))
+        runs.append((out, *grads))
+    return runs
+
+
+def _close(runs, dtype):
+    for a, b in zip(*runs, strict=True):
+        assert_close_at_scale(a, b, dtype)
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+@pytest.mark.parametrize(
+    "setting",
+    [{"causal": True}, {"causal": False}, {"causal": True, "window": 7},
+     {"causal": True, "sinks": True}],
+    ids=["causal", "both-ways", "window", "sinks"],
+)  # fmt: skip
+def test_the_tiles_are_the_explicit_path(name, setting, monkeypatch):
+    att = _attention(name, **setting)
+    if att.sinks is not None:
+        with torch.no_grad():
+            att.sinks.normal_()
+    q, k, v = _inputs(2, 45, 45)
+    _close(_both(att, q, k, v, monkeypatch), F64)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "rope"])
+@pytest.mark.parametrize(
+    "shape", [(2, 1, 50), (2, 13, 50), (1, 50, 50)], ids=["decode", "chunk", "prefill"]
+)
+def test_decode_steps_and_chunks_over_a_cache(name, shape, monkeypatch):
+    """The queries are the last q_len of the k_len positions (a cache before them)."""
+    b, lq, lk = shape
+    att = _attention(name, causal=True, window=20 if name == "rope" else None)
+    q, k, v = _inputs(b, lq, lk, kv=4)
+    _close(_both(att, q, k, v, monkeypatch), F64)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire", "rope"])
+@pytest.mark.parametrize("where", ["offset", "per-sequence", "gaps", "shuffled"])
+def test_explicit_positions(name, where, monkeypatch):
+    """Positions that are ranges (an offset: the table's path) and positions that are not
+    (per-sequence offsets, gaps, keys out of order: tiles from the positions)."""
+    att = _attention(name, causal=True, window=9 if name == "rope" else None)
+    q, k, v = _inputs(2, 30, 30)
+    pos = {
+        "offset": torch.arange(30) + 100,
+        "per-sequence": torch.arange(30) + torch.tensor([[0], [7]]),
+        "gaps": torch.arange(30) * 3,
+        "shuffled": torch.randperm(30, generator=torch.Generator().manual_seed(2)),
+    }[where]
+    _close(_both(att, q, k, v, monkeypatch, positions=pos, k_positions=pos), F64)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "rope"])
+def test_key_padding_on_either_side_and_inside(name, monkeypatch):
+    att = _attention(name, causal=True, sinks=True, window=11 if name == "rope" else None)
+    with torch.no_grad():
+        att.sinks.normal_()
+    q, k, v = _inputs(3, 40, 40)
+    pad = torch.zeros(3, 40, dtype=torch.bool)
+    pad[0, :6] = True  # left
+    pad[1, -5:] = True  # right
+    pad[2, 10:14] = True  # a hole
+    _close(_both(att, q, k, v, monkeypatch, key_padding_mask=pad), F64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_each_dtype_against_the_float64_definition(name, dtype, monkeypatch):
+    """The tiles compute in float32 (the table, the merge) and round once to the input's
+    dtype: within one rounding of the float64 definition. (The explicit path rounds its bias
+    to the input's dtype first, so it is the float64 definition that is compared here.)"""
+    monkeypatch.setattr(module, "TILES_FROM", 1)
+    att = _attention(name, causal=True).to(dtype)
+    q, k, v = (t.detach().to(dtype) for t in _inputs(2, 40, 40))
+    got = att(q, k, v)
+    assert got.dtype == dtype
+    # The definition at the same (rounded) inputs and parameters, in float64.
+    want = copy.deepcopy(att).to(F64)(q.double(), k.double(), v.double())
+    assert_close_at_scale(got, want.detach(), dtype)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
+def test_second_derivatives_are_the_explicit_paths(name, monkeypatch):
+    att = _attention(name, causal=True, sinks=True)
+    q, k, v = _inputs(1, 33, 33)
+    params = [p for p in att.parameters() if p.requires_grad]
+    second = []
+    for tiles in (True, False):
+        monkeypatch.setattr(module, "TILES_FROM", 1 if tiles else 1 << 60)
+        out = att(q, k, v)
+        gq, *gp = torch.autograd.grad(out.square().sum(), (q, *params), create_graph=True)
+        penalty = gq.square().sum() + sum(g.square().sum() for g in gp)
+        second.append(torch.autograd.grad(penalty, (q, k, v, *params)))
+    for a, b in zip(*second, strict=True):
+        assert_close_at_scale(a, b, F64, TOL_SECOND)
+
+
+def test_a_copied_pickled_module_and_a_second_call_give_the_same(monkeypatch):
+    monkeypatch.setattr(module, "TILES_FROM", 1)
+    att = _attention("t5", causal=True, sinks=True)
+    q, k, v = _inputs(2, 30, 30)
+    first = att(q, k, v)
+    for other in (att, copy.deepcopy(att), pickle.loads(pickle.dumps(att))):
+        torch.testing.assert_close(other(q, k, v), first, rtol=0, atol=0)
+
+
+def test_the_rule_small_calls_explicit_large_calls_tiled(monkeypatch):
+    """Below TILES_FROM pairs the explicit path serves (a few small tensors), from it the
+    core; plain causal RoPE always stays with SDPA's causal flag."""
+    seen = []
+    real = module.PositionalAttention._tiled
+    monkeypatch.setattr(
+        module.PositionalAttention, "_tiled", lambda self, *a: seen.append(1) or real(self, *a)
+    )
+    att = posemb.PositionalAttention("alibi", num_heads=2, head_dim=8, causal=True)
+    small = torch.randn(1, 2, 8, 8)
+    att(small, small, small)
+    assert not seen
+    monkeypatch.setattr(module, "TILES_FROM", 64)
+    att(small, small, small)
+    assert seen == [1]
+    rope = posemb.PositionalAttention("rope", num_heads=2, head_dim=8, causal=True)
+    rope(small, small, small)
+    assert seen == [1]
+
+
+class _Largest(TorchDispatchMode):
+    """The most elements of any tensor an operation returns while the mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_no_tensor_grows_with_q_len_times_k_len(name, monkeypatch):
+    """At 8,192 tokens (one head of 8) nothing the tiles form, forward or backward, holds more
+    than a small fraction of the (q_len, k_len) grid: the explicit bias alone would hold it
+    whole (67M elements)."""
+    monkeypatch.setattr(core, "_SQUARE", 256)
+    monkeypatch.setattr(core, "_TILE", 1 << 20)
+    n = 8192
+    att = posemb.PositionalAttention(name, num_heads=1, head_dim=8, causal=True)
+    q, k, v = (torch.randn(1, 1, n, 8, requires_grad=True) for _ in range(3))
+    with _Largest() as seen:
+        att(q, k, v).sum().backward()
+    assert seen.largest <= n * n // 32
