@@ -27,64 +27,17 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
+from measure import MMAP_THRESHOLD, once, peak_mib
+
 # torch and posemb are imported where used: `gpu.sh --dry-run` parses the arguments only.
 DTYPES = ("float32", "bfloat16", "float16")
 METHODS = ("selfextend", "rerope", "leaky rerope", "dca")
-
-
-def _sync(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _once(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
-
-
-def _rss_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
-    """MiB one call of ``fn`` takes at its peak above what was held before it."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM, the peak resident set, to the current one
-    except OSError:
-        return None
-    before = _rss_kib("VmRSS")
-    fn()
-    peak = _rss_kib("VmHWM")
-    return None if before is None or peak is None else (peak - before) / 1024
 
 
 def methods() -> dict[str, Any]:
@@ -161,7 +114,7 @@ def _peaks(a: argparse.Namespace, n: int) -> dict[str, float]:
     argv += ["--device", a.device, "--dtype", a.dtype, "--heads", str(a.heads)]
     argv += ["--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim)]
     argv += ["--methods", *(a.methods or METHODS)] + (["--reference"] if a.reference else [])
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -203,13 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         peaks = _peaks(a, n) if device.type == "cpu" else {}
         with torch.no_grad():
             plain()
-            base = statistics.median(_once(plain, device) for _ in range(a.repeats))
+            base = statistics.median(once(plain, device) for _ in range(a.repeats))
             base_mem = peaks.get("plain") if device.type == "cpu" else peak_mib(plain, device)
             for name, ext in calls.items():
                 ext()
                 ratios, times = [], []
                 for _ in range(a.repeats):
-                    r, t = _once(plain, device), _once(ext, device)
+                    r, t = once(plain, device), once(ext, device)
                     ratios.append(t / r)
                     times.append(t)
                 mem = peaks.get(name) if device.type == "cpu" else peak_mib(ext, device)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: every test file with a CUDA or Triton parametrization, the four benches,
-# a 40-second `posemb lab --preset gpu` smoke and the extension benchmark, each step under its own time limit, the
+# a `posemb lab --preset gpu` smoke, the extension benchmark and the attention benchmark (every
+# encoding against flash SDPA), each step under its own time limit, the
 # whole under 6 minutes on one H200. It writes two files to $OUT (or ./gpu-results): one
 # archive of everything the steps wrote, and summary.txt (each step's exit code and time,
 # the tests' pass/fail counts and the benches' headline ratios), printed last. A step that
@@ -32,7 +33,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 TESTS=(tests/test_kernels.py tests/test_kernels_norm.py tests/test_kernels_fast.py
        tests/test_rope.py tests/test_bias.py tests/test_mrope.py tests/test_compile.py
        tests/test_hf_patch.py tests/test_hf_extension.py tests/test_hf_fused_norm.py
-       tests/test_lab_memory.py tests/test_devices.py tests/test_gpu.py tests/test_fuzz.py)
+       tests/test_lab_memory.py tests/test_devices.py tests/test_gpu.py tests/test_fuzz.py
+       tests/test_attention_flex.py tests/test_attention_core.py)
 
 FAILED=0
 LIMITS=0
@@ -146,22 +148,26 @@ if "$PY" -c "import xdist" 2> /dev/null; then XDIST=(-n 8); fi
 
 # 1. Correctness on the GPU: each file's CUDA and Triton cases, opcheck's full checks on the
 # Triton ops, CUDA-graph capture and no host sync (tests/test_gpu.py).
-step tests 150 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${TESTS[@]}"
+step tests 135 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${TESTS[@]}"
 # 2. The kernel alone: every shape, fp32 and bf16, forward, backward and both, against a copy.
-step bench 45 "$PY" -m posemb bench --device cuda --out "$WORK/bench-gpu.csv"
+step bench 40 "$PY" -m posemb bench --device cuda --out "$WORK/bench-gpu.csv"
 # 3. Inside a transformers Llama, bf16: eager, patch_rotary, fused, Liger.
 step bench-hf 35 "$PY" -m posemb bench --hf --device cuda --dtype bf16 --out "$WORK/bench-hf.csv"
 # 4. Decode at Llama 3.1 8B's shapes, batch 1 and 8, per layer, per step and per model.
-step bench-decode 40 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
+step bench-decode 35 "$PY" -m posemb bench --decode --device cuda --repeats 50 \
     --out "$WORK/bench-decode.csv"
 # 5. QK-norm + RoPE at prefill shapes.
 step bench-norm 25 "$PY" -m posemb bench --norm --device cuda --out "$WORK/bench-norm.csv"
 # 6. The lab's GPU preset, cut to a smoke: a few steps of two variants, loss only.
-step lab 40 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
+step lab 25 "$PY" -m posemb lab --preset gpu --variants rope alibi --tasks lm --steps 40 \
     --out "$WORK/lab"
 # 7. Training-free extension against RoPE + SDPA at issue 48's shapes, with peak memory.
 step ext 25 "$PY" benchmarks/extension.py --device cuda --dtype bfloat16 --heads 32 \
     --kv-heads 8 --head-dim 128 --lengths 4096 16384 --repeats 3
+# 8. Every encoding's attention (FlexAttention, else the blocked core) against flash SDPA at
+#    issue 55's shapes: bf16, 16,384 tokens, 32 heads of 128, forward and forward+backward.
+step attn 40 "$PY" benchmarks/attention.py --device cuda --dtype bfloat16 --heads 32 \
+    --head-dim 128 --lengths 16384 --repeats 3
 
 if [ "$DRY" = 1 ]; then
     parse_recorded || FAILED=1

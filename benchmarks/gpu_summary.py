@@ -138,6 +138,30 @@ def extension(work: pathlib.Path) -> list[str]:
     return [f"extension at {longest} tokens vs RoPE + SDPA (target <= 3x): " + ", ".join(parts)]
 
 
+def attention(work: pathlib.Path) -> list[str]:
+    """Each encoding's time against causal flash SDPA at the longest length (issue 55's
+    targets: forward <= 1.3x, forward and backward <= 1.6x)."""
+    path = work / "attn.txt"
+    found = re.findall(
+        r"^\s*(forward|both)\s+L=\s*(\d+) (\S+)\s.*?ratio\s+([\d.]+)x",
+        path.read_text() if path.exists() else "",
+        re.M,
+    )
+    if not found:
+        return ["attention: -"]
+    longest = max(int(n) for _, n, _, _ in found)
+    lines = []
+    for mode, target in (("forward", "1.3x"), ("both", "1.6x")):
+        parts = [f"{e} {r}x" for m, n, e, r in found if m == mode and int(n) == longest]
+        if parts and not all(p.startswith("plain") for p in parts):
+            parts = [p for p in parts if not p.startswith("plain")]
+            lines.append(
+                f"attention {mode} at {longest} tokens vs flash SDPA (target <= {target}): "
+                + ", ".join(parts)
+            )
+    return lines or ["attention: -"]
+
+
 def summary(work: pathlib.Path) -> str:
     """The whole summary of the run in ``work``."""
     machine = (work / "machine.txt").read_text().strip() if (work / "machine.txt").exists() else ""
@@ -150,6 +174,7 @@ def summary(work: pathlib.Path) -> str:
         *decode(work),
         *norm(work),
         *extension(work),
+        *attention(work),
     ]
     return "\n".join(parts)
 

@@ -9,7 +9,7 @@ import torch
 
 import posemb
 from posemb.attention import flex, scores, tiled
-from tolerances import TOL
+from tolerances import TOL, UNIT_ROUNDOFF
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -86,3 +86,30 @@ def test_what_flexattention_hands_to_the_core_and_says_why():
         assert "sinks" in flex.why_not(cq, score, 0, None, torch.zeros(4, device="cuda"))
         assert "padding" in flex.why_not(cq, score, 0, torch.zeros(1, 8, dtype=bool), None)
         assert "ranges" in flex.why_not(cq, score, None, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA path needs a GPU")
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire", "sinks", "window"])
+def test_on_cuda_every_encoding_is_the_cpus(name, monkeypatch):
+    """On CUDA PositionalAttention takes FlexAttention (compiled) where it serves, the core
+    otherwise (sinks): output and every gradient equal the CPU's, float32."""
+    from posemb.attention import module
+
+    extra = {"sinks": True} if name == "sinks" else {"window": 9} if name == "window" else {}
+    enc = "rope" if name in ("sinks", "window") else name
+    torch.manual_seed(8)
+    cpu = posemb.PositionalAttention(enc, num_heads=4, head_dim=16, causal=True, **extra)
+    gpu = __import__("copy").deepcopy(cpu).cuda()
+    q, k, v = (torch.randn(2, 4, 300, 16) for _ in range(3))
+    monkeypatch.setattr(module, "TILES_FROM", 1)
+    results = []
+    for att, device in ((cpu, "cpu"), (gpu, "cuda")):
+        xs = [t.to(device).requires_grad_() for t in (q, k, v)]
+        out = att(*xs)
+        grads = torch.autograd.grad(out.square().sum(), [*xs, *att.parameters()])
+        results.append([out.cpu(), *(g.cpu() for g in grads)])
+    # Another kernel sums the 300 keys in another order: one float32 roundoff a key apart.
+    tol = 300 * UNIT_ROUNDOFF[torch.float32]
+    for a, b in zip(*results, strict=True):
+        scale = max(1.0, float(a.abs().max()))
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol * scale)

@@ -99,3 +99,21 @@ def test_rotary_encodings_and_none_have_no_score():
         score = scores.score_of(enc, 4)
         assert isinstance(score, scores.NoScore)
         assert score.table(torch.arange(-3, 4)).abs().max() == 0
+
+
+def test_the_piece_lookup_is_the_binary_search():
+    """FIRE's piece of each value by a lookup of cells is ``searchsorted``'s answer, but within
+    a rounding of a breakpoint (where the function is the same on both sides); two breakpoints
+    in one cell take the binary search itself."""
+    g = torch.Generator().manual_seed(9)
+    for m in (0, 1, 5, 32):
+        breaks = (torch.randn(m, generator=g, dtype=F64) * 2).unique()
+        x = torch.cat((torch.randn(3000, generator=g, dtype=F64) * 3, breaks, breaks + 1e-12))
+        got, want = scores.pieces_of(x, breaks), torch.searchsorted(breaks, x)
+        differ = got != want
+        if bool(differ.any()):
+            near = (x[differ, None] - breaks[None]).abs().min(-1).values
+            assert bool((near < 1e-9).all())
+    close = torch.tensor([0.0, 1e-9, 1.0], dtype=F64)  # two in one cell
+    x = torch.linspace(-2, 2, 101, dtype=F64)
+    assert torch.equal(scores.pieces_of(x, close), torch.searchsorted(close, x))

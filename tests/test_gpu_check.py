@@ -28,7 +28,8 @@ def _dry_run(root):
 def test_the_dry_run_parses_every_step():
     done = _dry_run(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    for step in ("tests", "bench", "bench-hf", "bench-decode", "bench-norm", "lab", "summary"):
+    steps = ("tests", "bench", "bench-hf", "bench-decode", "bench-norm", "lab", "attn")
+    for step in (*steps, "summary"):
         assert f"ok   {step}\n" in done.stdout
     assert done.stdout.rstrip().endswith("gpu.sh --dry-run: every step parses")
 
@@ -37,7 +38,7 @@ def test_the_dry_run_fails_on_a_missing_test_file_or_a_wrong_flag(tmp_path):
     copy = tmp_path / "repo"
     (copy / "benchmarks").mkdir(parents=True)
     shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    for script in ("gpu_summary.py", "extension.py"):
+    for script in ("gpu_summary.py", "extension.py", "attention.py", "measure.py"):
         shutil.copy(ROOT / "benchmarks" / script, copy / "benchmarks")
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     (copy / "tests" / "test_bias.py").unlink()
@@ -58,8 +59,8 @@ def test_the_dry_run_fails_on_a_missing_test_file_or_a_wrong_flag(tmp_path):
             "tests: pytest flags do not parse",
         ),
         ("step bench-norm 25", "step bench-norm abc", "bench-norm: time limit 'abc' is not"),
-        ('step lab 40 "$PY"', 'step lab 40 timeot "$PY"', "lab: 'timeot"),
-        ("step tests 150", "step tests 250", "limits add up to 460 s"),
+        ('step lab 25 "$PY"', 'step lab 25 timeot "$PY"', "lab: 'timeot"),
+        ("step tests 135", "step tests 235", "limits add up to 460 s"),
         ("--kv-heads 8 --head-dim", "--kv-heads 8 --head-dimm", "ext: benchmarks/extension.py"),
     ],
     ids=["pytest-flag", "limit", "command", "six-minutes", "script-flag"],
@@ -68,7 +69,7 @@ def test_the_dry_run_fails_on_each_kind_of_mistake(tmp_path, old, new, said):
     copy = tmp_path / "repo"
     (copy / "benchmarks").mkdir(parents=True)
     shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    for script in ("gpu_summary.py", "extension.py"):
+    for script in ("gpu_summary.py", "extension.py", "attention.py", "measure.py"):
         shutil.copy(ROOT / "benchmarks" / script, copy / "benchmarks")
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     assert old in script

@@ -238,6 +238,56 @@ def test_flex_attention_block_mask_gives_the_plain_logits():
     assert gap(got, want, mask) <= ATOL
 
 
+def _recording(made):
+    """A wrapper of a mask function of a tile that records each tile's pairs."""
+
+    def wrap(allow):
+        def recorded(r0, r1, c0, c1):
+            made.append((r1 - r0) * (c1 - c0))
+            return allow(r0, r1, c0, c1)
+
+        return recorded
+
+    return wrap
+
+
+@pytest.mark.parametrize("implementation", ["flex_attention", "eager"])
+def test_a_block_mask_and_a_4d_mask_are_read_per_tile(implementation, monkeypatch):
+    """Issue 55: a BlockMask was expanded over every (query, key) pair (create_mask over q x
+    k) and a 4-D mask's causality checked whole; now each is read per tile of the calls (and
+    per block of rows for causality). With tiles far smaller than the call, nothing posemb
+    reads of a mask holds the call's grid."""
+    from posemb.attention import core
+    from posemb.hf import extension_masks
+
+    monkeypatch.setattr(core, "_ROWS", 16)
+    monkeypatch.setattr(core, "_LEAF", 8)
+    monkeypatch.setattr(core, "_TILE", 128)
+    monkeypatch.setattr(extension_masks, "_CHUNK", 256)
+    made: list[int] = []
+    wrap = _recording(made)
+    real_hides, real_block = extension_masks._hides_later, extension_masks._block_mask_allow
+    monkeypatch.setattr(
+        extension_masks, "_hides_later", lambda allow, qp, kp: real_hides(wrap(allow), qp, kp)
+    )
+    monkeypatch.setattr(
+        extension_masks, "_block_mask_allow", lambda mask, b: wrap(real_block(mask, b))
+    )
+    try:
+        model = build("llama", implementation)
+    except (ImportError, ValueError, RuntimeError) as e:  # pragma: no cover
+        pytest.skip(f"{implementation} does not load here: {e}")
+    x, mask = ids(2, 40), padding(2, 40, "left")
+    with torch.no_grad():
+        model.config._attn_implementation = "sdpa"
+        want = model(x, attention_mask=mask).logits
+        model.config._attn_implementation = implementation
+        hf.patch_extension(model, WIDE)
+        got = model(x, attention_mask=mask, cache=transformers.DynamicCache(config=model.config))
+    assert gap(got.logits, want, mask) <= ATOL
+    assert made and max(made) < 40 * 40
+
+
 # --- 5. crop of a sliding cache (assisted / prompt-lookup decoding) ------------------------------
 
 

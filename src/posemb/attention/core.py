@@ -35,7 +35,7 @@ second derivatives are autograd's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,9 @@ class Masks:
     score: Score | None = None
     qp: torch.Tensor | None = None
     kp: torch.Tensor | None = None
+    # What a mask function allows, per tile: (r0, r1, c0, c1) -> bool (B or 1, 1 or heads,
+    # r1 - r0, c1 - c0), True where the key is seen (a flex BlockMask's mask_mod).
+    allow: Callable[[int, int, int, int], torch.Tensor] | None = None
 
     def span(self, s: int) -> tuple[int, int] | None:
         """The key columns set ``s`` takes any pair from, or None for a set no query uses
@@ -210,6 +213,7 @@ class Masks:
         """Whether keys ``c0:c1`` need no mask beyond the ranges: no score, no bias, no
         padding there."""
         plain = self.bias is None and self.table is None and self.score is None
+        plain = plain and self.allow is None
         return plain and (self.pad is None or not self.pad[:, c0:c1].any())
 
     def mask(
@@ -247,6 +251,10 @@ class Masks:
             pad = np.where(self.pad[:, None, None, c.c0 : c.c1], -np.inf, 0.0)
             add = torch.from_numpy(pad).to(device, wide)
         for part in self._scores(c, wide):
+            add = part if add is None else add + part
+        if self.allow is not None:
+            seen = self.allow(c.r0, c.r1, c.c0, c.c1).to(device)
+            part = torch.zeros(seen.shape, dtype=wide, device=device).masked_fill_(~seen, -INF)
             add = part if add is None else add + part
         if self.bias is not None:  # a dimension of size 1 broadcasts: not sliced
             bias = self.bias

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -379,6 +380,9 @@ class Visibility:
         segment: int ``(batch or 1, k_len)`` ids by key index, or None: a query (row r is
             key index ``r + k_len - q_len``) sees only the keys of its own segment (flash
             attention's packed sequences, split where the positions restart).
+        allow: a mask function ``(r0, r1, c0, c1) -> bool (batch or 1, 1 or heads, r1 - r0,
+            c1 - c0)``, True where query row r may see key column c, evaluated per tile (a
+            flex ``BlockMask``'s ``mask_mod``); or None.
     """
 
     causal: bool = True
@@ -387,6 +391,7 @@ class Visibility:
     bias: torch.Tensor | None = None
     by_index: bool = False
     segment: torch.Tensor | None = None
+    allow: Callable[[int, int, int, int], torch.Tensor] | None = None
 
     def hidden(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor | None:
         """The hard part as a bool grid broadcasting to ``(batch, heads, q_len, k_len)``
@@ -410,6 +415,9 @@ class Visibility:
             wide = torch.promote_types(self.bias.dtype, torch.float32)  # bool: float32
             soft = core.hard(self.bias, wide) == -core.INF
             hidden = soft if hidden is None else hidden | soft
+        if self.allow is not None:  # the reference path: the whole grid at once
+            banned = ~self.allow(0, qp.shape[-1], 0, kp.shape[-1]).to(qp.device)
+            hidden = banned if hidden is None else hidden | banned
         if self.segment is not None:
             seg = self.segment.to(qp.device)
             other = (seg[:, seg.shape[-1] - qp.shape[-1] :, None] != seg[:, None, :])[:, None]
@@ -664,7 +672,8 @@ def _ranges(
             start, end = _index_bounds(vis, start, end, ordered.shape[-1])
         starts.append(start.numpy())
         ends.append(end.numpy())
-    return core.Masks(starts, ends, None if pad is None else pad.numpy(), vis.bias)
+    pad_np = None if pad is None else pad.numpy()
+    return core.Masks(starts, ends, pad_np, vis.bias, allow=vis.allow)
 
 
 def _index_bounds(

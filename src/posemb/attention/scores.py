@@ -154,7 +154,7 @@ class Fire(Score):
         norm = torch.log1p(c * torch.maximum(qp.to(dt), fire.threshold.abs()))
         x = torch.log1p(c * dist) / norm.unsqueeze(-1)  # (B, R, C)
         breaks, slope, intercept = self.pieces()
-        piece = torch.searchsorted(breaks, x.detach().reshape(-1))
+        piece = pieces_of(x.detach().reshape(-1), breaks)
         # index_select along a tiny table's columns: ~5x the speed of advanced indexing.
         a = torch.index_select(slope.T, 1, piece).view(-1, *x.shape)  # (heads, B, R, C)
         b = torch.index_select(intercept.T, 1, piece).view(-1, *x.shape)
@@ -179,6 +179,34 @@ class Fire(Score):
         slope = (on * w1) @ last.weight.T  # (pieces, heads)
         intercept = (on * b1) @ last.weight.T + last.bias
         return breaks, slope, intercept
+
+
+# Cells of the lookup that finds a value's piece (pieces_of): fine enough that no two of a
+# trained MLP's breakpoints share one, coarse enough to stay in cache.
+_CELLS = 4096
+
+
+def pieces_of(x: torch.Tensor, breaks: torch.Tensor) -> torch.Tensor:
+    """``torch.searchsorted(breaks, x)`` (the number of breakpoints below each value), by a
+    lookup: ~6 cheap passes over x where a binary search over a few dozen breakpoints cost
+    ~16 ns a value on this project's CPU. The breakpoints' span is cut into :data:`_CELLS`
+    equal cells; a cell holds the count of breakpoints below it and the one breakpoint inside
+    it (if any), which the value is compared with. A value a rounding from a cell's edge may
+    read the cell next to it; where a breakpoint sits there too it may then take the piece on
+    the other side of it, which FIRE's function (continuous at its breakpoints) gives the same
+    value for. Where two breakpoints share a cell, the binary search runs."""
+    if breaks.numel() == 0:
+        return torch.zeros(x.shape, dtype=torch.int64, device=x.device)
+    lo = float(breaks[0]) - 1.0
+    width = (float(breaks[-1]) + 1.0 - lo) / _CELLS
+    cell = ((breaks - lo) / width).floor().long().clamp(0, _CELLS - 1)
+    if cell.numel() > 1 and bool((cell[1:] == cell[:-1]).any()):
+        return torch.searchsorted(breaks, x)
+    below = torch.searchsorted(cell, torch.arange(_CELLS, device=x.device))  # cells < j
+    inside = torch.full((_CELLS,), float("inf"), dtype=x.dtype, device=x.device)
+    inside[cell] = breaks.to(x.dtype)
+    at = ((x - lo) / width).floor_().clamp_(0, _CELLS - 1).long()
+    return torch.index_select(below, 0, at) + (x > torch.index_select(inside, 0, at))
 
 
 def score_of(encoding: nn.Module | None, num_heads: int) -> Score:

@@ -17,6 +17,7 @@ the same thing as transformers' own kernel for it reads it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,7 +59,8 @@ def visibility(
         segment = _packed(module, kwargs, qp, shape) if _flash_form(module) else None
         return Visibility(causal=causal, window=window, by_index=True, segment=segment)
     if _is_block_mask(mask):
-        return _from_dense(_dense_block_mask(mask, b, q_len, k_len), qp, kp, causal)
+        allow = _block_mask_allow(mask, b)
+        return Visibility(causal=causal and _hides_later(allow, qp, kp), allow=allow)
     check_form(mask)
     assert isinstance(mask, torch.Tensor)
     if mask.shape[-1] != k_len:
@@ -134,24 +136,56 @@ def check_form(mask: object) -> None:
 
 
 def _from_dense(mask: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor, causal: bool) -> Visibility:
-    """A 4-D mask as the bias; causal as well (so only past keys are visited) when the model
-    is causal and the mask hides every later key, as transformers' own masks do."""
+    """A 4-D mask as the bias (read per tile by the fused path); causal as well (so only past
+    keys are visited) when the model is causal and the mask hides every later key, as
+    transformers' own masks do."""
     if causal:
-        hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min / 2
-        later = (kp.unsqueeze(-2) > qp.unsqueeze(-1)).unsqueeze(1)  # (B, 1, q_len, k_len)
-        causal = bool((hidden | ~later).all())
+
+        def allow(r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+            part = mask[..., r0:r1, :] if mask.shape[-2] > 1 else mask
+            part = part[..., c0:c1]
+            return part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min / 2
+
+        causal = _hides_later(allow, qp, kp)
     return Visibility(causal=causal, bias=mask)
+
+
+# The most (query, key) pairs a mask is read in at once to decide causality.
+_CHUNK = 1 << 22
+
+
+def _hides_later(
+    allow: Callable[[int, int, int, int], torch.Tensor], qp: torch.Tensor, kp: torch.Tensor
+) -> bool:
+    """Whether ``allow`` hides every key at a later position than its query, read in blocks
+    of rows so that nothing of size ``q_len x k_len`` is formed."""
+    q_len, k_len = qp.shape[-1], kp.shape[-1]
+    rows = max(1, _CHUNK // max(1, k_len * max(qp.shape[0], kp.shape[0])))
+    for r0 in range(0, q_len, rows):
+        r1 = min(q_len, r0 + rows)
+        later = (kp.unsqueeze(-2) > qp[..., r0:r1].unsqueeze(-1)).unsqueeze(1)
+        if bool((allow(r0, r1, 0, k_len).to(later.device) & later).any()):
+            return False
+    return True
 
 
 def _is_block_mask(mask: object) -> bool:
     return type(mask).__name__ == "BlockMask" and hasattr(mask, "mask_mod")
 
 
-def _dense_block_mask(mask: Any, b: int, q_len: int, k_len: int) -> torch.Tensor:
-    """A flex attention BlockMask as a bool ``(batch, 1, q_len, k_len)`` mask (True: attend),
-    from its ``mask_mod`` on every pair of the call."""
+def _block_mask_allow(mask: Any, b: int) -> Callable[[int, int, int, int], torch.Tensor]:
+    """A flex attention BlockMask as a mask function of a tile: its ``mask_mod`` on the
+    tile's pairs (query rows ``r0:r1``, key columns ``c0:c1``), bool ``(batch, 1, rows,
+    cols)``, True: attend; nothing of the whole call's size is made."""
     from torch.nn.attention.flex_attention import create_mask
 
     rows = mask.shape[0] if mask.shape[0] in (1, b) else b
-    dense = create_mask(mask.mask_mod, rows, 1, q_len, k_len, device=mask.kv_num_blocks.device)
-    return dense
+    mod, device = mask.mask_mod, mask.kv_num_blocks.device
+
+    def allow(r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        def shifted(bi: Any, h: Any, q: Any, kv: Any) -> Any:
+            return mod(bi, h, q + r0, kv + c0)
+
+        return create_mask(shifted, rows, 1, r1 - r0, c1 - c0, device=device)
+
+    return allow
