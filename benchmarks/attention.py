@@ -1,7 +1,8 @@
 """What each encoding's attention costs against plain causal attention, measured in one run.
 
 For each encoding and length, ``posemb.PositionalAttention`` (ALiBi, T5's buckets, FIRE,
-KERPLE log and power, RoPE with a window of 256, RoPE with sinks) is timed in alternation with
+KERPLE log and power, a window of 256 and sinks with no positional encoding, ``rope-window``:
+RoPE with a window of 256, its rotation included) is timed in alternation with
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` on the same q, k and v;
 the ratio is the median of the per-pair ratios (the machines are shared and noisy; pairs see
 the same state). ``--mode forward`` times the forward alone (no gradient), ``--mode both`` a
@@ -14,7 +15,8 @@ more such files (time and memory against length, one line per encoding, plain SD
 floor, the blocked core solid and the explicit path dashed) as an SVG, for the docs.
 
 Usage: python benchmarks/attention.py [--lengths 2048 8192] [--mode forward both]
-    [--encodings alibi t5 fire kerple kerple-power window sinks] [--repeats 5] [--threads N]
+    [--encodings alibi t5 fire kerple kerple-power window sinks rope-window] [--repeats 5]
+    [--threads N]
     [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--batch 1] [--heads 8]
     [--head-dim 64] [--explicit] [--json PATH] [--plot OUT.svg FILE.json ...]
 """
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
 
 # torch and posemb are imported where used: `gpu.sh --dry-run` parses the arguments only.
 DTYPES = ("float32", "bfloat16", "float16")
-ENCODINGS = ("alibi", "t5", "fire", "kerple", "kerple-power", "window", "sinks")
+ENCODINGS = ("alibi", "t5", "fire", "kerple", "kerple-power", "window", "sinks", "rope-window")
+DEFAULT = ENCODINGS[:-1]
 MODES = ("forward", "both")
 WINDOW = 256
 
@@ -48,7 +51,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--encodings", nargs="+", choices=ENCODINGS, default=list(ENCODINGS))
+    p.add_argument("--encodings", nargs="+", choices=ENCODINGS, default=list(DEFAULT))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
@@ -75,10 +78,12 @@ def attention(name: str, heads: int, head_dim: int) -> Any:
     import posemb
 
     kw: dict[str, Any] = {"num_heads": heads, "head_dim": head_dim, "causal": True}
-    if name == "window":
-        return posemb.PositionalAttention("rope", window=WINDOW, **kw)
+    if name == "window":  # the core's window alone (RoPE's own rotation aside)
+        return posemb.PositionalAttention("nope", window=WINDOW, **kw)
     if name == "sinks":
-        return posemb.PositionalAttention("rope", sinks=True, **kw)
+        return posemb.PositionalAttention("nope", sinks=True, **kw)
+    if name == "rope-window":  # issue 55's row: RoPE's rotation of q and k included
+        return posemb.PositionalAttention("rope", window=WINDOW, **kw)
     if name == "kerple-power":
         return posemb.PositionalAttention("kerple", kind="power", **kw)
     return posemb.PositionalAttention(name, **kw)

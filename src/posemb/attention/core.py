@@ -95,7 +95,7 @@ class Table:
         self.values, self.lo, self.delta = values, lo, delta
         # Hankel views read it. Not detached: a recomputed backward differentiates through it.
         self.rev = values.flip(-1).contiguous()
-        self._squares: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._squares: dict[int, torch.Tensor] = {}
 
     @property
     def hi(self) -> int:
@@ -118,18 +118,16 @@ class Table:
         return mask, hidden if bool(hidden.any()) else None
 
     def square(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The diagonal square's mask ``(1, heads, n, n)`` (distance ``i - j``), and its blind
-        rows, made once per size."""
-        hit = self._squares.get(n)
-        if hit is None:
+        """The diagonal square's mask ``(1, heads, n, n)`` (distance ``i - j``), made once per
+        size, and its blind rows: none, since the kernel's causal flag hides what lies above
+        the diagonal (whatever the mask holds there) and each row sees its own position."""
+        mask = self._squares.get(n)
+        if mask is None:
             at = torch.arange(n, device=self.rev.device)
-            index = at[:, None] - at[None, :] - self.lo
-            mask = self.values[:, index.clamp(0, self.values.shape[-1] - 1)]
-            mask = mask.masked_fill((index < 0) | (index >= self.values.shape[-1]), -INF)[None]
-            hidden = (mask == -INF).all(-1)
-            hit = (mask, hidden if bool(hidden.any()) else None)
-            self._squares[n] = hit
-        return hit
+            index = (at[:, None] - at[None, :] - self.lo).clamp_(0, self.values.shape[-1] - 1)
+            mask = self.values[:, index][None]
+            self._squares[n] = mask
+        return mask, None
 
     def index(self, c: Call, shape: tuple[int, int]) -> torch.Tensor:
         """The distance index (into :attr:`values`) of every element of call ``c``'s tile
@@ -432,7 +430,8 @@ class _Merged(torch.autograd.Function):
         out = v.new_zeros((b, h, q_len, v.shape[-1]), dtype=wide)
         low = blind(wide)
         lse = v.new_full((b, h, q_len), low, dtype=wide)
-        for _, _, calls in blocks:
+        sinks = t["sinks"]
+        for r0, r1, calls in blocks:
             for c in calls:
                 mask, hidden = masks.mask(c, v.dtype, v.device) if c.masked else (None, None)
                 o, m = kernel.forward(
@@ -447,9 +446,8 @@ class _Merged(torch.autograd.Function):
                     m = m.masked_fill(hidden, low)
                     o = o.masked_fill(hidden[..., None], 0.0)
                 _merge(out[:, :, c.r0 : c.r1], lse[:, :, c.r0 : c.r1], o, m)
-        if t["sinks"] is not None:  # one more term: a logit per head, a zero value
-            sink = t["sinks"].to(wide)[None, :, None].expand_as(lse)
-            _merge(out, lse, torch.zeros_like(out), sink.contiguous())
+            if sinks is not None:  # one more term: a logit per head, a zero value
+                _fold_sink(out[:, :, r0:r1], lse[:, :, r0:r1], sinks.to(wide))
         lse.masked_fill_(lse == low, -INF)  # rows that saw no key anywhere
         ctx.blocks, ctx.masks, ctx.scale, ctx.kernel, ctx.layout = (
             blocks, masks, scale, kernel, layout,
@@ -475,7 +473,7 @@ class _Merged(torch.autograd.Function):
         masks: Masks = ctx.masks
         learned = layout.bias or layout.table or layout.params > 0
         for _, _, calls in ctx.blocks:
-            for c in calls:
+            for c in _split(calls, learned, qs[0].shape[1]):
                 mask = masks.mask(c, v.dtype, v.device)[0] if c.masked else None
                 tiles = (
                     _rows(d_out, c), _rows(qs[c.s], c), masks.keys(ks, c),
@@ -496,6 +494,36 @@ class _Merged(torch.autograd.Function):
             p_sink = (t["sinks"].to(wide)[None, :, None] - lse).exp()
             grads.sinks = -(p_sink * rowsum).sum((0, 2))
         return (None,) * 5 + tuple(grads.result(t, layout))
+
+
+def _split(calls: list[Call], learned: bool, heads: int) -> list[Call]:
+    """The calls as the backward runs them: where a learned score needs explicit tiles, a
+    call's columns cut so that a tile holds at most :data:`_TILE` elements (the backward of
+    a Hankel call over 8,192 keys held four 64 MiB tiles at once)."""
+    if not learned:
+        return calls
+    out = []
+    for c in calls:
+        rows = (c.r1 - c.r0) * heads
+        if c.kind not in ("hankel", "tile") or rows * (c.c1 - c.c0) <= _TILE:
+            out.append(c)
+            continue
+        width = max(1, _TILE // rows)
+        out += [
+            dataclasses.replace(c, c0=x, c1=min(c.c1, x + width)) for x in range(c.c0, c.c1, width)
+        ]
+    return out
+
+
+def _fold_sink(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> None:
+    """Fold a sink logit per head ``(heads,)`` into the rows ``(out, lse)`` in place: one more
+    term of the merge, with a zero value (the rows' outputs shrink by their share)."""
+    s = sinks[None, :, None]
+    top = torch.maximum(lse, s)
+    keep = torch.sub(lse, top).exp_()
+    total = torch.sub(s, top).exp_().add_(keep)
+    out.mul_((keep / total).unsqueeze_(-1))
+    lse.copy_(top.add_(total.log_()))
 
 
 class Grads:

@@ -117,35 +117,40 @@ def scores_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The explicit tile's backward, with the gradient of its logits ``(batch, heads, rows,
     cols)`` too (what an additive score on them receives); ``out`` and ``lse`` the merged
-    ones."""
+    ones. Two tile-sized buffers, each pass in place (it runs where nothing records a graph:
+    a backward that is differentiated again recomputes through :func:`_math_forward`)."""
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
-    logits = _logits(q, k, mask, scale, causal)
-    p = torch.exp(logits - lse[..., None])
+    p = _logits(q, k, mask, scale, causal)
+    p.sub_(lse[..., None]).exp_()  # the merged softmax's share of this tile
     d_v = torch.matmul(p.transpose(-1, -2), d_out)
-    d_p = torch.matmul(d_out, v.transpose(-1, -2))
-    d_logits = p * (d_p - (d_out * out).sum(-1, keepdim=True))
-    d_s = d_logits * scale
-    d_k = torch.matmul(d_s.transpose(-1, -2), q)
-    return (
-        torch.matmul(d_s, k),
-        _group_sum(d_k, kv_heads),
-        _group_sum(d_v, kv_heads),
-        d_logits,
-    )
+    d_logits = torch.matmul(d_out, v.transpose(-1, -2))
+    d_logits.sub_((d_out * out).sum(-1, keepdim=True)).mul_(p)
+    del p
+    d_q = torch.matmul(d_logits, k).mul_(scale)
+    d_k = torch.matmul(d_logits.transpose(-1, -2), q).mul_(scale)
+    return d_q, _group_sum(d_k, kv_heads), _group_sum(d_v, kv_heads), d_logits
 
 
 def _logits(
     q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool
 ) -> torch.Tensor:
-    """``q k^T * scale + mask``, -inf above the diagonal where ``causal`` (top-left)."""
-    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if mask is not None:
-        logits = logits + mask
+    """``q k^T * scale + mask`` (a new tensor), -inf above the diagonal where ``causal``
+    (top-left); in place after the product where nothing records a graph."""
+    logits = torch.matmul(q, k.transpose(-1, -2))
+    graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or (
+        mask is not None and mask.requires_grad))  # fmt: skip
+    if graph:
+        logits = logits * scale if mask is None else logits * scale + mask
+    else:
+        logits.mul_(scale)
+        if mask is not None:
+            logits = logits.add_(mask) if logits.shape == torch.broadcast_shapes(
+                logits.shape, mask.shape) else logits + mask  # fmt: skip
     if causal:
         rows, cols = logits.shape[-2:]
         above = torch.ones(rows, cols, dtype=torch.bool, device=q.device).triu_(1)
-        logits = logits.masked_fill(above, -INF)
+        logits = logits.masked_fill(above, -INF) if graph else logits.masked_fill_(above, -INF)
     return logits
 
 

@@ -145,6 +145,9 @@ class Fire(Score):
 
     def __init__(self, module: FireBias) -> None:
         self.module, self.num_heads = module, module.num_heads
+        # The pieces, read once per attention call where nothing records a graph (the score
+        # object lives for one call); made anew for each tile a graph runs through.
+        self._memo: tuple[torch.Tensor, ...] | None = None
 
     def tile(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
         fire = self.module
@@ -153,7 +156,12 @@ class Fire(Score):
         dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).abs().to(dt)
         norm = torch.log1p(c * torch.maximum(qp.to(dt), fire.threshold.abs()))
         x = torch.log1p(c * dist) / norm.unsqueeze(-1)  # (B, R, C)
-        breaks, slope, intercept = self.pieces()
+        if torch.is_grad_enabled():
+            breaks, slope, intercept = self.pieces()
+        else:
+            if self._memo is None:
+                self._memo = self.pieces()
+            breaks, slope, intercept = self._memo
         piece = pieces_of(x.detach().reshape(-1), breaks)
         # index_select along a tiny table's columns: ~5x the speed of advanced indexing.
         a = torch.index_select(slope.T, 1, piece).view(-1, *x.shape)  # (heads, B, R, C)
