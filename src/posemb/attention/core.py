@@ -251,8 +251,9 @@ class Masks:
         for part in self._scores(c, wide):
             add = part if add is None else add + part
         if self.allow is not None:
-            seen = self.allow(c.r0, c.r1, c.c0, c.c1).to(device)
-            part = torch.zeros(seen.shape, dtype=wide, device=device).masked_fill_(~seen, -INF)
+            allowed = self.allow(c.r0, c.r1, c.c0, c.c1).to(device)
+            part = torch.zeros(allowed.shape, dtype=wide, device=device)
+            part.masked_fill_(~allowed, -INF)
             add = part if add is None else add + part
         if self.bias is not None:  # a dimension of size 1 broadcasts: not sliced
             bias = self.bias
