@@ -49,6 +49,7 @@ def _small_blocks(monkeypatch):
     monkeypatch.setattr(_lse, "_ROWS", 16)
     monkeypatch.setattr(_lse, "_LEAF", 4)
     monkeypatch.setattr(_lse, "_TILE", 64)
+    monkeypatch.setattr(_lse, "_BACK_COLS", 24)
 
 
 def _inputs(shape, dtype, seed=0):

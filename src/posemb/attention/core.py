@@ -143,7 +143,7 @@ class Table:
 def _add_table_grad(grad: torch.Tensor, ds: torch.Tensor, index: torch.Tensor) -> None:
     """Add a call's logit gradients ``ds`` ``(B, heads, n, C)`` into the table's gradient
     ``(heads, N)``: each element to its distance (summed along the call's diagonals)."""
-    flat = ds.sum(0).reshape(ds.shape[1], -1)
+    flat = (ds[0] if ds.shape[0] == 1 else ds.sum(0)).reshape(ds.shape[1], -1)
     keep = (index >= 0) & (index < grad.shape[-1])
     if not bool(keep.all()):
         flat, index = flat[:, keep.reshape(-1)], index[keep]
@@ -474,7 +474,7 @@ class _Merged(torch.autograd.Function):
         masks: Masks = ctx.masks
         learned = layout.bias or layout.table or layout.params > 0
         for _, _, calls in ctx.blocks:
-            for c in _split(calls, learned, qs[0].shape[1]):
+            for c in _split(calls):
                 mask = masks.mask(c, v.dtype, v.device)[0] if c.masked else None
                 tiles = (
                     _rows(d_out, c), _rows(qs[c.s], c), masks.keys(ks, c),
@@ -497,21 +497,24 @@ class _Merged(torch.autograd.Function):
         return (None,) * 5 + tuple(grads.result(t, layout))
 
 
-def _split(calls: list[Call], learned: bool, heads: int) -> list[Call]:
-    """The calls as the backward runs them: where a learned score needs explicit tiles, a
-    call's columns cut so that a tile holds at most :data:`_TILE` elements (the backward of
-    a Hankel call over 8,192 keys held four 64 MiB tiles at once)."""
-    if not learned:
-        return calls
+# A call's columns in the backward, at most: its key gradients (and, for a learned score, its
+# explicit tiles) are made per column chunk, so a call over 8,192 keys does not hold 8 MiB
+# gradients of k and v (or four 64 MiB tiles) at once beside the accumulators.
+_BACK_COLS = 512
+
+
+def _split(calls: list[Call]) -> list[Call]:
+    """The calls as the backward runs them: a Hankel or tile call's columns cut into chunks of
+    at most :data:`_BACK_COLS` (each chunk's share of the merged softmax is exact on its own:
+    the ring identity holds for any split of the keys)."""
     out = []
     for c in calls:
-        rows = (c.r1 - c.r0) * heads
-        if c.kind not in ("hankel", "tile") or rows * (c.c1 - c.c0) <= _TILE:
+        if c.kind not in ("hankel", "tile") or c.c1 - c.c0 <= _BACK_COLS:
             out.append(c)
             continue
-        width = max(1, _TILE // rows)
         out += [
-            dataclasses.replace(c, c0=x, c1=min(c.c1, x + width)) for x in range(c.c0, c.c1, width)
+            dataclasses.replace(c, c0=x, c1=min(c.c1, x + _BACK_COLS))
+            for x in range(c.c0, c.c1, _BACK_COLS)
         ]
     return out
 
