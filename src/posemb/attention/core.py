@@ -15,11 +15,12 @@ causality) and the positions are a range, a call's scores are read from one per-
 over the distances the attention spans (O(L) memory): reversing the call's queries (row
 ``i' = R - 1 - i``) makes its distance ``Dmax - (i' + j)``, so the mask the kernel reads,
 ``T[h, Dmax - i' - j]``, is a Hankel matrix: ``as_strided`` over the reversed table, with
-strides ``(1, 1)``, zero bytes. The block's own diagonal square (causal) takes the kernel's
-causal flag, which skips the blocks above the diagonal, with one ``(heads, R, R)`` mask made
-once. Elsewhere (FIRE, whose normaliser depends on the query's position; positions that are
-not a range; key padding; a bias given whole; the position sets of a training-free extension)
-each call's mask is a tile, bounded in size.
+strides ``(1, 1)``, zero bytes, causality included (its ``-inf`` is in the table: the part
+above the diagonal the kernel then computes is a block's half square, cheaper on this CPU than
+a materialised mask under the kernel's causal flag). Elsewhere (FIRE, whose normaliser
+depends on the query's position; positions that are not a range; key padding; a bias given
+whole; the position sets of a training-free extension) each call's mask is a tile, bounded in
+size.
 
 **Backward.** Each call's backward kernel, handed the *merged* output and log-sum-exp,
 recomputes that call's share of the merged softmax: the exact gradient for q, k and v on that
@@ -52,9 +53,9 @@ INF = float("inf")
 _ROWS = 1024
 _LEAF = 128
 _TILE = 1 << 21
-# Queries per block where a table's calls run (the diagonal square's side): small enough that
-# the square computed beside the causal flag's skips costs little, large enough that a call's
-# fixed cost is spread over many keys.
+# Queries per block where a table's calls run: small enough that the half square above the
+# diagonal each block computes and hides costs little (1/8 more work at 2,048 tokens), large
+# enough that a call's fixed cost is spread over many keys.
 _SQUARE = 256
 
 
@@ -63,8 +64,7 @@ class Call:
     """One fused call: queries ``r0:r1`` of set ``s`` against keys ``c0:c1``. ``kind`` says
     what mask it reads: ``"none"``; ``"tile"`` (made for it: ranges that differ row by row,
     padding, a bias, a tile score); ``"hankel"`` (a view of the distance table, the call's
-    queries reversed); ``"square"`` (the block's diagonal square: the table's ``(heads, n,
-    n)`` mask and the kernel's causal flag)."""
+    queries reversed, plus a tile score's tile where there is one)."""
 
     s: int
     r0: int
@@ -81,10 +81,6 @@ class Call:
     def flipped(self) -> bool:
         return self.kind == "hankel"
 
-    @property
-    def causal(self) -> bool:
-        return self.kind == "square"
-
 
 class Table:
     """A distance-only score as the calls read it: ``values`` ``(heads, n)`` at distances
@@ -95,7 +91,6 @@ class Table:
         self.values, self.lo, self.delta = values, lo, delta
         # Hankel views read it. Not detached: a recomputed backward differentiates through it.
         self.rev = values.flip(-1).contiguous()
-        self._squares: dict[int, torch.Tensor] = {}
 
     @property
     def hi(self) -> int:
@@ -117,27 +112,13 @@ class Table:
         hidden = (count == 0).flip(-1)[None]
         return mask, hidden if bool(hidden.any()) else None
 
-    def square(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The diagonal square's mask ``(1, heads, n, n)`` (distance ``i - j``), made once per
-        size, and its blind rows: none, since the kernel's causal flag hides what lies above
-        the diagonal (whatever the mask holds there) and each row sees its own position."""
-        mask = self._squares.get(n)
-        if mask is None:
-            at = torch.arange(n, device=self.rev.device)
-            index = (at[:, None] - at[None, :] - self.lo).clamp_(0, self.values.shape[-1] - 1)
-            mask = self.values[:, index][None]
-            self._squares[n] = mask
-        return mask, None
-
     def index(self, c: Call, shape: tuple[int, int]) -> torch.Tensor:
-        """The distance index (into :attr:`values`) of every element of call ``c``'s tile
-        ``(n, C)`` as its mask lays it out (reversed rows for a Hankel call)."""
+        """The distance index (into :attr:`values`) of every element of Hankel call ``c``'s tile
+        ``(n, C)`` as its mask lays it out (reversed rows)."""
         n, cols = shape
         i = torch.arange(n, device=self.rev.device)[:, None]
         j = torch.arange(cols, device=self.rev.device)[None, :]
-        if c.flipped:
-            return self.values.shape[-1] - 1 - (self.start(c) + i + j)
-        return i - j - self.lo  # the square: c0 = r0 + delta
+        return self.values.shape[-1] - 1 - (self.start(c) + i + j)
 
 
 def _add_table_grad(grad: torch.Tensor, ds: torch.Tensor, index: torch.Tensor) -> None:
@@ -220,11 +201,8 @@ class Masks:
         """The additive mask of call ``c``, ``(B, 1 or heads, rows, cols)`` (a view for a
         Hankel call: rows reversed), and the rows it hides whole (``(B, 1 or heads, rows)``
         bool, in their own order), or None if none."""
-        if c.kind in ("hankel", "square") and self.table is not None:
-            if c.kind == "hankel":
-                mask, hidden = self.table.hankel(c)  # the calls' dtype: still a view
-            else:
-                mask, hidden = self.table.square(c.r1 - c.r0)
+        if c.kind == "hankel" and self.table is not None:
+            mask, hidden = self.table.hankel(c)  # the calls' dtype: still a view
             if self.score is not None:  # a score said per tile, on top of the table's
                 qp, kp = self._positions(c)
                 tile = self.score.tile(qp, kp).to(mask.dtype)
@@ -312,26 +290,19 @@ def square_plan(
 ) -> list[Block]:
     """The calls of a distance-only score on positions that are ranges (row ``r``'s distance
     to key column ``c`` is ``r - c + delta``): per block of :data:`_SQUARE` queries, one
-    Hankel call over the keys every row of the block might see, and where causal the block's
-    diagonal square apart, under the kernel's causal flag. ``tiles``: where the score is said
-    per tile (FIRE), its calls are at most that many columns wide (the tile it adds)."""
+    Hankel call over the keys some row of the block may see (what the others may not is
+    ``-inf`` in the table). ``tiles``: where the score is also said per tile (FIRE), the
+    block's calls are at most that many columns wide (the tile it adds)."""
     lo_d, hi_d = visible.span()
     blocks = []
     for r0 in range(0, q_len, _SQUARE):
         r1 = min(q_len, r0 + _SQUARE)
         c_lo = 0 if hi_d == INF else max(0, int(r0 + delta - hi_d))
         c_hi = k_len if lo_d == -INF else min(k_len, int(r1 - 1 + delta - lo_d) + 1)
-        calls: list[Call] = []
-        if c_hi > c_lo:
-            own = r0 + delta  # the key column at row r0's own position
-            square = visible.causal and r1 - r0 > 1 and c_lo <= own and own + (r1 - r0) == c_hi
-            rest = own if square else c_hi
-            width = max(1, rest - c_lo if tiles is None else tiles)
-            calls += [
-                Call(0, r0, r1, c, min(rest, c + width), "hankel") for c in range(c_lo, rest, width)
-            ]
-            if square:
-                calls.append(Call(0, r0, r1, own, c_hi, "square"))
+        width = max(1, c_hi - c_lo if tiles is None else tiles)
+        calls = [
+            Call(0, r0, r1, c, min(c_hi, c + width), "hankel") for c in range(c_lo, c_hi, width)
+        ]
         blocks.append((r0, r1, calls))
     return blocks
 
@@ -436,9 +407,8 @@ class _Merged(torch.autograd.Function):
             for c in calls:
                 mask, hidden = masks.mask(c, v.dtype, v.device) if c.masked else (None, None)
                 o, m = kernel.forward(
-                    _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale,
-                    c.causal,
-                )  # fmt: skip
+                    _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale
+                )
                 if c.flipped:
                     o, m = o.flip(2), m.flip(-1)
                 m = m.to(wide)
@@ -481,10 +451,10 @@ class _Merged(torch.autograd.Function):
                     _tile(v, c.c0, c.c1), _rows(out, c), _row_values(lse, c), mask, ctx.scale,
                 )  # fmt: skip
                 if learned and c.masked:  # the explicit tile: its logits' gradient too
-                    dq, dk, dv, ds = _kernels.scores_backward(*tiles, causal=c.causal)
+                    dq, dk, dv, ds = _kernels.scores_backward(*tiles)
                     grads.scores(masks, c, ds)
                 else:
-                    dq, dk, dv = ctx.kernel.backward(*tiles, causal=c.causal)
+                    dq, dk, dv = ctx.kernel.backward(*tiles)
                 if c.flipped:
                     dq = dq.flip(2)
                 grads.qs[c.s][:, :, c.r0 : c.r1] += dq
@@ -546,7 +516,7 @@ class Grads:
         """Call ``c``'s logit gradients ``ds`` ``(B, heads, rows, cols)`` (its kernel's
         layout) into every learned piece of its mask."""
         if self.table is not None and masks.table is not None:
-            if c.kind in ("hankel", "square"):
+            if c.kind == "hankel":
                 rows, cols = ds.shape[-2:]
                 _add_table_grad(self.table, ds, masks.table.index(c, (rows, cols)))
             else:
@@ -605,7 +575,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tenso
     keep = torch.sub(lse, top).exp_()
     take = torch.sub(m, top).exp_()
     total = keep + take
-    out.mul_((keep / total).unsqueeze_(-1)).add_(o * (take / total).unsqueeze_(-1))
+    out.mul_((keep / total).unsqueeze_(-1)).addcmul_(o, (take / total).unsqueeze_(-1))
     lse.copy_(top.add_(total.log_()))
 
 
@@ -646,9 +616,8 @@ def _recomputed(blocks: list[Block], masks: Masks, scale: float, t: dict[str, An
                 seen_back = hidden.flip(-1) if c.flipped else hidden
                 mask = mask.masked_fill(seen_back[..., None], 0.0)
             o, m = _kernels.TILES.forward(
-                _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale,
-                c.causal,
-            )  # fmt: skip
+                _rows(qs[c.s], c), masks.keys(ks, c), _tile(v, c.c0, c.c1), mask, scale
+            )
             if c.flipped:
                 o, m = o.flip(2), m.flip(-1)
             m = m.to(wide)

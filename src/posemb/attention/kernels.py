@@ -1,6 +1,5 @@
 """The fused attention calls :mod:`.core` merges: one forward returning ``(out, lse)`` and one
-backward taking the *merged* ``out`` and ``lse``, per device; each may apply the causal mask
-of a square call itself (query i sees keys j <= i, top-left), skipping what it hides.
+backward taking the *merged* ``out`` and ``lse``, per device.
 
 - CPU: PyTorch's flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu`` and its
   backward), GQA native, any float dtype, an additive mask broadcast over heads.
@@ -25,15 +24,13 @@ from typing import NamedTuple
 
 import torch
 
-INF = float("inf")
 Forward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 Backward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class Kernel(NamedTuple):
-    """A call's forward ``(q, k, v, mask, scale, causal=False) -> (out, lse)`` and backward
-    ``(d_out, q, k, v, out, lse, mask, scale, causal=False) -> (dq, dk, dv)``, k and v with
-    q's heads or fewer (GQA)."""
+    """A call's forward ``(q, k, v, mask, scale) -> (out, lse)`` and backward ``(d_out, q, k,
+    v, out, lse, mask, scale) -> (dq, dk, dv)``, k and v with q's heads or fewer (GQA)."""
 
     name: str
     forward: Forward
@@ -46,10 +43,9 @@ def _flash_forward(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+        q, k, v, 0.0, False, attn_mask=mask, scale=scale
     )
     return out, lse
 
@@ -63,10 +59,9 @@ def _flash_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        d_out, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale
+        d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
     )
     return grads[0], grads[1], grads[2]
 
@@ -77,13 +72,12 @@ def _math_forward(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused call written out on one tile: ``(out, lse)`` as the flash kernel returns them
     (a row that sees nothing: zeros, its lse left to the caller); k and v may have fewer heads
     (GQA), as for the flash kernel."""
     k, v = _heads(k, q), _heads(v, q)
-    logits = _logits(q, k, mask, scale, causal)
+    logits = _logits(q, k, mask, scale)
     lse = torch.logsumexp(logits, dim=-1)
     p = torch.exp(logits - lse.nan_to_num(neginf=0.0)[..., None])
     return torch.matmul(p, v), lse
@@ -98,9 +92,8 @@ def _math_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, _ = scores_backward(d_out, q, k, v, out, lse, mask, scale, causal)
+    dq, dk, dv, _ = scores_backward(d_out, q, k, v, out, lse, mask, scale)
     return dq, dk, dv
 
 
@@ -113,7 +106,6 @@ def scores_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The explicit tile's backward, with the gradient of its logits ``(batch, heads, rows,
     cols)`` too (what an additive score on them receives); ``out`` and ``lse`` the merged
@@ -121,7 +113,7 @@ def scores_backward(
     a backward that is differentiated again recomputes through :func:`_math_forward`)."""
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
-    p = _logits(q, k, mask, scale, causal)
+    p = _logits(q, k, mask, scale)
     p.sub_(lse[..., None]).exp_()  # the merged softmax's share of this tile
     d_v = torch.matmul(p.transpose(-1, -2), d_out)
     d_logits = torch.matmul(d_out, v.transpose(-1, -2))
@@ -133,25 +125,21 @@ def scores_backward(
 
 
 def _logits(
-    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """``q k^T * scale + mask`` (a new tensor), -inf above the diagonal where ``causal``
-    (top-left); in place after the product where nothing records a graph."""
+    """``q k^T * scale + mask``, a new tensor; in place after the product where nothing
+    records a graph."""
     logits = torch.matmul(q, k.transpose(-1, -2))
     graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or (
         mask is not None and mask.requires_grad))  # fmt: skip
     if graph:
-        logits = logits * scale if mask is None else logits * scale + mask
-    else:
-        logits.mul_(scale)
-        if mask is not None:
-            logits = logits.add_(mask) if logits.shape == torch.broadcast_shapes(
-                logits.shape, mask.shape) else logits + mask  # fmt: skip
-    if causal:
-        rows, cols = logits.shape[-2:]
-        above = torch.ones(rows, cols, dtype=torch.bool, device=q.device).triu_(1)
-        logits = logits.masked_fill(above, -INF) if graph else logits.masked_fill_(above, -INF)
-    return logits
+        return logits * scale if mask is None else logits * scale + mask
+    logits.mul_(scale)
+    if mask is None:
+        return logits
+    if logits.shape == torch.broadcast_shapes(logits.shape, mask.shape):
+        return logits.add_(mask)
+    return logits + mask
 
 
 def _heads(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -189,11 +177,10 @@ def _efficient_forward(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = _heads(k, q), _heads(v, q)
     bias = None if mask is None else _aligned(mask, q, k)
-    out, lse, _, _ = _efficient_op(q, k, v, bias, True, 0.0, causal, scale=scale)
+    out, lse, _, _ = _efficient_op(q, k, v, bias, True, 0.0, False, scale=scale)
     return out, lse[..., : q.shape[2]].float()
 
 
@@ -206,7 +193,6 @@ def _efficient_backward(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kv_heads = k.shape[1]
     k, v = _heads(k, q), _heads(v, q)
@@ -226,7 +212,7 @@ def _efficient_backward(
         _NO_SEED,
         0.0,
         [True, True, True, False],
-        causal,
+        False,
         scale=scale,
     )
     return dq, _group_sum(dk, kv_heads), _group_sum(dv, kv_heads)
