@@ -231,8 +231,11 @@ def plot(out: str, files: list[str]) -> None:
         "path:N",
         scale=alt.Scale(domain=["tiled", "explicit", "plain"], range=[[1, 0], [5, 3], [1, 0]]),
     )
+    lengths = sorted({r["length"] for r in rows})
+    axis = alt.Axis(values=lengths, format="d", labelAngle=0)
+    scale = alt.Scale(type="log", base=2, domain=[lengths[0], lengths[-1]])
     base = alt.Chart(data).encode(
-        x=alt.X("length:Q", scale=alt.Scale(type="log", base=2), title="tokens"),
+        x=alt.X("length:Q", scale=scale, axis=axis, title="tokens"),
         color=alt.Color("encoding:N"),
         strokeDash=dash,
         detail="path:N",
