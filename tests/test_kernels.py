@@ -713,6 +713,48 @@ def test_every_tile_side_is_a_power_of_two(head_dim):
                     assert side >= 1 and side & (side - 1) == 0, (head_dim, tokens, heads, cfg)
 
 
+@pytest.mark.parametrize("interpreter", [True, False], ids=["interpreter", "gpu-table"])
+def test_every_tile_is_within_tritons_element_limit(interpreter, monkeypatch):
+    """Issue 56, bug 1: the interpreter's tiles were sized without Triton's cap of 2^20
+    elements a tensor (73 heads of width 92 over 423 tokens: 2^21). Every tile either table
+    chooses (no launch), for the rotation and the norm kernels alike (one chooser), has sides
+    that are powers of two and holds at most 2^20 elements of its widest row part."""
+    from posemb.kernels import triton as tr
+
+    monkeypatch.setattr(tr, "interpreter_tiles", lambda: interpreter)
+    heads_all = [1, 2, 3, 7, 8, 31, 32, 40, 64, 73, 100, 127, 128]
+    widths = [2, 6, 8, 32, 64, 80, 92, 96, 112, 128, 160, 192, 256]
+    for head_dim in widths:
+        for half in {head_dim // 2, max(1, head_dim // 4)}:
+            width = max(2 * tr._pow2(half), tr._pow2(max(head_dim - 2 * half, 1)))
+            for elem_size in (2, 4):
+                for tokens in (1, 2, 3, 4, 5, 17, 255, 256, 423, 1000, 4096):
+                    for heads in heads_all:
+                        for interleaved in (False, True):
+                            cfg = tr.tile(head_dim, half, elem_size, interleaved, tokens, heads)
+                            where = (head_dim, half, elem_size, tokens, heads, cfg)
+                            for side in (cfg.block_t, cfg.block_h):
+                                assert side >= 1 and side & (side - 1) == 0, where
+                            assert cfg.block_t * cfg.block_h * width <= tr.MAX_TILE, where
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_73_heads_of_width_92_run_under_the_interpreter(dtype):
+    """Liger-Kernel's vision shape (423 tokens, 73 heads, head width 92) through the Triton
+    rotation and the fused norm: it failed to compile under the interpreter."""
+    device = device_of("triton")
+    q, k = make((1, 73, 423, 92), 1, dtype, device)
+    cos, sin = tables(torch.arange(423, device=device), 92, device)
+    got_q, got_k = kernels.rotate(q, k, cos, sin, backend="triton")
+    assert_close(got_q, reference.rotate(q, cos, sin, Layout.HALF), dtype)
+    assert_close(got_k, reference.rotate(k, cos, sin, Layout.HALF), dtype)
+    w = torch.rand(92, device=device) + 0.5
+    got_q, got_k = kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6, backend="triton")
+    want_q, want_k = kernels.norm_rotate(q, k, cos, sin, w, w, 1e-6, backend="reference")
+    assert_close(got_q, want_q, dtype)
+    assert_close(got_k, want_k, dtype)
+
+
 @pytest.mark.parametrize(
     ("shape", "kv", "rotary"), [((2, 5, 17, 80), 3, 80), ((1, 40, 1, 96), 8, 64)]
 )

@@ -224,6 +224,32 @@ def config(head_dim: int, elem_size: int, interleaved: bool, tokens: int, heads:
     return Config(block_t, block_h, warps)
 
 
+# Triton refuses a tensor of more elements than this in a kernel (TRITON_MAX_TENSOR_NUMEL).
+MAX_TILE = 1 << 20
+
+
+def tile(
+    head_dim: int, half: int, elem_size: int, interleaved: bool, tokens: int, heads: int
+) -> Config:
+    """The tile of a launch of the rotation or the norm kernels: the interpreter's (few
+    programs, each large: it runs them one at a time in Python) or :func:`config`'s, then
+    capped so that its widest tensor, ``block_t x block_h x`` the widest row part the kernels
+    hold (a whole interleaved row, ``2 x BLOCK_N``, or the tail), stays within
+    :data:`MAX_TILE` (73 heads of width 92 over 423 tokens made a 2^21-element tile that the
+    interpreter refused). Every side a power of two."""
+    if interpreter_tiles():
+        cfg = Config(_pow2(min(tokens, 256)), _pow2(max(heads, 1)), 4)
+    else:
+        cfg = config(head_dim, elem_size, interleaved, tokens, heads)
+    width = max(2 * _pow2(max(half, 1)), _pow2(max(head_dim - 2 * half, 1)))
+    block_t, block_h = cfg.block_t, cfg.block_h
+    while block_t * block_h * width > MAX_TILE and block_t > 1:
+        block_t //= 2
+    while block_t * block_h * width > MAX_TILE and block_h > 1:
+        block_h //= 2
+    return Config(block_t, block_h, cfg.num_warps)
+
+
 def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, head, token) strides of a (B, H, S, D) or packed (total, H, D) tensor."""
     if varlen:
@@ -278,10 +304,7 @@ def plan(
     n_q, n_k = q.shape[1], k.shape[1]  # heads sit in dim 1 of both layouts
     if batch == 0 or seq_len == 0 or n_q + n_k == 0:
         return None
-    if interpreter_tiles():
-        cfg = Config(_pow2(min(seq_len, 256)), _pow2(max(n_q, n_k)), 4)
-    else:
-        cfg = config(head_dim, q.element_size(), interleaved, seq_len, max(n_q, n_k))
+    cfg = tile(head_dim, half, q.element_size(), interleaved, seq_len, max(n_q, n_k))
     grid = (
         _cdiv(seq_len, cfg.block_t) * batch,
         _cdiv(n_q, cfg.block_h) + _cdiv(n_k, cfg.block_h),

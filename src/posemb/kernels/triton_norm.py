@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from . import triton as _tr
-from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, config, token_block
+from .triton import INT32_LIMIT, Config, _cdiv, _extent, _pow2, token_block
 
 
 @triton.jit
@@ -200,10 +200,7 @@ def _shape(x: Tensor, heads: int, half: int, interleaved: bool) -> tuple[Config,
     """The tile of a launch over ``x`` ``(B, H, S, D)`` (``heads``: the most heads of one
     side), and the compile-time sizes."""
     s, d = x.shape[2], x.shape[3]
-    if _tr.interpreter_tiles():
-        cfg = Config(_pow2(min(s, 256)), _pow2(heads), 4)
-    else:
-        cfg = config(d, x.element_size(), interleaved, s, heads)
+    cfg = _tr.tile(d, half, x.element_size(), interleaved, s, heads)
     sizes = {
         "HALF": half,
         "HEAD_DIM": d,
