@@ -244,8 +244,91 @@ def test_a_difference_is_explained_by_the_first_key_that_differs(theirs, params,
         theirs = (other, factor)
     rows = doctor._compare(spec, None, _Params(params), {None: theirs}, "X")
     assert [r["key"] for r in rows] == [key]
-    same = doctor._compare(spec, None, _Params(params), {None: (inv * (1 + 2e-7), factor)}, "X")
-    assert same == []  # float32 rounding is not a difference
+    rounded = {None: (inv * (1 + 2e-7), factor)}
+    same = doctor._compare(spec, None, _Params({"rope_theta": 10000.0}), rounded, "X")
+    assert same == []  # float32 rounding is not a difference; a field that differs is
+
+
+def test_a_base_moved_by_one_in_olmo3_is_named_on_its_sliding_layers():
+    """Issue 56, bug 2: OLMo 3 with rope_theta 500001 (a fine-tune that moved its base):
+    transformers gives the sliding layers 500000, whose frequencies differ from the file's by
+    1.9e-6 relative, under the frequency check's tolerance; the doctor said "reads every layer
+    kind as the file says". Fields are compared as values now."""
+    check = hf.transformers_differs(_config(OLMO, rope_theta=500001))
+    (row,) = check["differs"]
+    assert (row["layer_type"], row["key"]) == ("sliding_attention", "rope_theta")
+    assert (row["config"], row["transformers"]) == (500001, 500000)
+    assert "reads 1 of 2 layer kind(s) differently" in check["summary"]
+
+
+_MUTATIONS = {
+    "rope_theta": lambda v: v * 1.25,
+    "factor": lambda v: v * 1.5,
+    "original_max_position_embeddings": lambda v: v * 2,
+    "partial_rotary_factor": lambda v: v / 2,
+}
+
+
+def _mutated(d: dict, key: str) -> dict | None:
+    """The config with ``key`` changed wherever the file holds it, or None."""
+    d = copy.deepcopy(d)
+    done = False
+    for holder in (d, d.get("text_config") or {}, d.get("rope_scaling") or {},
+                   d.get("rope_parameters") or {}):  # fmt: skip
+        if (
+            isinstance(holder, dict)
+            and isinstance(holder.get(key), int | float)
+            and not (isinstance(holder.get(key), bool))
+        ):
+            holder[key] = _MUTATIONS[key](holder[key])
+            done = True
+    return d if done else None
+
+
+@pytest.mark.parametrize("key", sorted(_MUTATIONS))
+def test_every_mutated_field_is_reported_exactly_where_the_frequencies_disagree(key):
+    """For each published config and each RoPE field it holds, changed visibly (far past
+    float32's rounding): the doctor reports a layer kind exactly where transformers' own
+    rotary module computes other frequencies (or attention factor) than the file means, and
+    names a field whenever one explains it."""
+    compared = 0
+    for path in sorted(DATA.glob("*.json")):
+        d = json.loads(path.read_text())
+        if d["model_type"] in hr.STAND_INS or d["model_type"] in hr.NESTED_FOR_TRANSFORMERS:
+            continue  # transformers cannot compare these at all (test above)
+        scaling = d.get("rope_scaling") or {}
+        if (d["model_type"], scaling.get("type")) in hr.RENAMED_FOR_TRANSFORMERS:
+            continue
+        mutated = _mutated(d, key)
+        if mutated is None:
+            continue
+        try:
+            m = hf.model_rope(mutated)
+        except ValueError:
+            continue  # posemb refuses the mutated file (a factor below 1, say): no reading
+        check = hf.transformers_differs(mutated)
+        if check["differs"] is None:
+            continue
+        reported = {r["layer_type"] for r in check["differs"]}
+        tf = doctor.text_config({k: v for k, v in mutated.items() if not k.startswith("__")})
+        _, theirs = doctor.frequencies(tf)
+        disagree = set()
+        for kind in m.kinds:
+            if kind.spec is None:
+                continue
+            name = kind.layer_type if m.per_layer_type else None
+            got = theirs.get(name, theirs.get(None))
+            if got is None:
+                continue
+            inv, factor = kind.spec.scaling.compute(kind.spec.rotary_dim, kind.spec.base)
+            t_inv, t_factor = got
+            if t_inv.shape != inv.shape or not torch.allclose(
+                t_inv, inv.double(), rtol=1e-4, atol=0.0
+            ) or abs(t_factor - factor) > 1e-4 * abs(factor):  # fmt: skip
+                disagree.add(name)
+        assert reported == disagree, (path.name, key, check["differs"])
+        compared += 1
+    assert compared >= 2, f"only {compared} published configs hold {key}"
 
 
 def test_the_checked_dict_is_not_changed():

@@ -1,13 +1,14 @@
 """Where the installed ``transformers`` reads a config differently from what the file says, or
 cannot read it: the "transformers reads this differently" part of ``posemb inspect``.
 
-posemb reads the file as written. For each layer kind, its frequencies and attention factor are
-compared with those of the rotary module transformers builds from the same dict
-(:mod:`posemb.hf.upstream`), so a misreading shows up without a rule written for it. A
-difference is then explained from transformers' standardized ``rope_parameters``: the first
-of ``rope_theta``, ``rope_type``, ``factor``, ``original_max_position_embeddings`` and the
-rotary width whose value differs from the file's; a difference none of them explains is
-reported on the frequencies themselves.
+posemb reads the file as written. For each layer kind, every field transformers' rotary module
+uses is compared as a value with the file's meaning: ``rope_theta``, ``rope_type``,
+``factor``, ``original_max_position_embeddings`` (from transformers' standardized
+``rope_parameters``), the rotary width and the attention factor (from the rotary module it
+builds from the same dict, :mod:`posemb.hf.upstream`); each that differs is one row. Where
+none does, the frequencies are compared too, so a misreading no field explains still shows
+up, without a rule written for it. (Frequencies alone missed a base of 500,001 read as
+500,000: a change of 2e-6, under float32's rounding of transformers' table.)
 
 Two found this way (transformers 5.24): OLMo 3's ``Olmo3Config`` gives its sliding-window
 layers a ``rope_theta`` of 500,000 whatever the file says, and Phi-3's config class cannot
@@ -175,23 +176,39 @@ def _close(a: object, b: object) -> bool:
 def _compare(
     spec: RopeSpec, layer_type: str | None, tf: object, theirs: Frequencies, who: str
 ) -> list[Difference]:
-    """The difference for one layer kind, or []: frequencies and attention factor first, then
-    the key of transformers' rope parameters that explains them."""
+    """The differences for one layer kind, or []: one per field of transformers' rope
+    parameters that its rotary module reads otherwise than the file means (base, type,
+    factor, original context, rotary width, attention factor), each compared as a value,
+    not through the frequencies (a base of 500,001 read as 500,000 moves them by 2e-6,
+    under float32's rounding of transformers' own table); then, where no field explains
+    frequencies that differ beyond that rounding, the frequencies themselves."""
     inv, factor = spec.scaling.compute(spec.rotary_dim, spec.base)
     inv = inv.to(torch.float64)
     got = theirs.get(layer_type, theirs.get(None))  # one table for every layer kind: None
     if got is None:
         return []  # transformers builds no table for this kind: nothing to compare
     t_inv, t_factor = got
-    same_shape = t_inv.shape == inv.shape
-    if same_shape and torch.allclose(t_inv, inv, rtol=RTOL, atol=0.0) and _close(t_factor, factor):
-        return []
     params = rope_parameters(tf, layer_type)
     where = "these layers" if layer_type is None else f"the {layer_type} layers"
-    return [_row(layer_type, *_explain(spec, params, inv, factor, t_inv, t_factor, who, where))]
+    rows = [
+        _row(layer_type, *found)
+        for found in _fields(spec, params, inv, factor, t_inv, t_factor, who, where)
+    ]
+    same_shape = t_inv.shape == inv.shape
+    if rows or (
+        same_shape and torch.allclose(t_inv, inv, rtol=RTOL, atol=0.0) and _close(t_factor, factor)
+    ):
+        return rows
+    off = ((t_inv - inv).abs() > RTOL * inv.abs()).nonzero().flatten().tolist()
+    why = f"{who} computes {len(off)} of {inv.numel()} frequencies of {where} differently"
+    return [_row(layer_type, f"inv_freq[{off[0]}]", float(inv[off[0]]), float(t_inv[off[0]]), why)]
 
 
-def _explain(
+# Fields are compared as values: any difference past float64's rounding is a difference.
+_FIELD_RTOL = 1e-12
+
+
+def _fields(
     spec: RopeSpec,
     params: dict[str, object],
     inv: torch.Tensor,
@@ -200,29 +217,34 @@ def _explain(
     t_factor: float,
     who: str,
     where: str,
-) -> tuple[str, object, object, str]:
-    """``(key, the file's value, transformers' value, why)`` for frequencies that differ."""
+) -> list[tuple[str, object, object, str]]:
+    """``(key, the file's value, transformers' value, why)`` for each field that differs."""
     ours = {
         "rope_theta": spec.base,
         "rope_type": spec.rope_type,
         "factor": getattr(spec.scaling, "factor", None),
         "original_max_position_embeddings": spec.original_context,
     }
+    found = []
     for key, value in ours.items():
         other = params.get(key)
-        if value is not None and other is not None and not _close(value, other):
+        if value is not None and other is not None and not _same(value, other):
             why = f"{who} rotates {where} with {key} {_show(other)}, not {_show(value)}"
-            return key, value, other, why
+            found.append((key, value, other, why))
     if t_inv.shape != inv.shape:
         width = 2 * t_inv.numel()
         why = f"{who} rotates {width} channels of {where}, not {spec.rotary_dim}"
-        return "rotary_dim", spec.rotary_dim, width, why
+        found.append(("rotary_dim", spec.rotary_dim, width, why))
     if not _close(t_factor, factor):
         why = f"{who} scales the attention of {where} by {t_factor:g}, not {factor:g}"
-        return "attention_factor", factor, t_factor, why
-    off = ((t_inv - inv).abs() > RTOL * inv.abs()).nonzero().flatten().tolist()
-    why = f"{who} computes {len(off)} of {inv.numel()} frequencies of {where} differently"
-    return f"inv_freq[{off[0]}]", float(inv[off[0]]), float(t_inv[off[0]]), why
+        found.append(("attention_factor", factor, t_factor, why))
+    return found
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b), rel_tol=_FIELD_RTOL, abs_tol=0.0)
+    return a == b
 
 
 def _row(layer_type: str | None, key: str, config: object, tf: object, why: str) -> Difference:
