@@ -1,5 +1,8 @@
 """The lab's corpus: the embedded KJV, and what a bad corpus file gets."""
 
+import json
+import pathlib
+
 import pytest
 
 from posemb.lab import corpus
@@ -29,3 +32,38 @@ def test_corpus_errors(tmp_path):
     short.write_text("abc" * 100)
     with pytest.raises(ValueError, match="too short for evaluation windows of 1,026"):
         corpus.load(short, min_held_out=1026)
+
+
+def test_a_file_named_as_the_embedded_corpus_is_refused_not_replaced(tmp_path, monkeypatch):
+    """Issue 56, bug 6: --corpus kjv with a file named kjv in the working folder took the
+    embedded Bible, silently (4,137,848 characters where the file held 20,000). Which was
+    meant cannot be told: refused, naming both, before anything is read; ./kjv is the file."""
+    from posemb.lab import corpus
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kjv").write_text("In the beginning was a short text. " * 600)
+    for call in (
+        lambda: corpus.load("kjv"),
+        lambda: corpus.content_id("kjv"),
+        lambda: corpus.source("kjv"),
+    ):
+        with pytest.raises(ValueError, match="names the embedded Bible, and a file 'kjv'"):
+            call()
+    data = corpus.load("./kjv")
+    assert len(data.ids) == 35 * 600 and data.source == str(tmp_path / "kjv")
+    assert corpus.load(None).source == corpus.EMBEDDED  # the default by default, still
+
+
+def test_the_results_say_where_the_corpus_came_from(tmp_path):
+    """The summary records the corpus's source and results.md says it beside its name."""
+    from posemb.lab import report
+
+    path = tmp_path / "text.txt"
+    path.write_text("abc " * 5000)
+    data = corpus.load(str(path))
+    assert data.source == str(path)
+    summary = {"corpus": {"name": data.name, "source": data.source, "characters": 1, "vocab": 1}}
+    shipped = pathlib.Path(__file__).parent.parent / "docs" / "lab" / "results.json"
+    full = json.loads(shipped.read_text())
+    first = report.markdown({**full, "corpus": summary["corpus"]})
+    assert f"held-out text.txt text (from {path})" in first.splitlines()[0]

@@ -224,3 +224,24 @@ def test_the_recent_suites_shipped_report_is_its_results():
             # Pooled over lengths: 160 probes a variant, so 4 binomial standard errors.
             se = math.sqrt(r["chance"] * (1 - r["chance"]) / sum(c["total"] for c in ctl))
             assert abs(rate - r["chance"]) < 4 * se, (task, variant, rate)
+
+
+def test_the_noise_verdict_covers_every_length_past_training():
+    """Issue 56, bug 7: the verdict started at the second evaluation length, so with
+    --train-len 32 --eval-lens 64 128 --seeds 0 1 the spreads at 64 were shown but its
+    "within noise" line covered 128 only, and nothing said 64 was skipped."""
+
+    def past(mean):
+        return {"mean": mean, "std": 0.01, "n": 2, "seeds": [mean - 0.01, mean + 0.01]}
+
+    summary = {
+        "config": {"eval_lens": [64, 128], "train_len": 32},
+        "results": {
+            "a": {"64": {"past": past(2.0)}, "128": {"past": past(2.5)}},
+            "b": {"64": {"past": past(2.001)}, "128": {"past": past(3.5)}},
+        },
+    }
+    line = report._loss_noise(summary)
+    assert "at 64: a ~ b" in line and "at 128: every neighbour differs" in line
+    summary["config"] = {"eval_lens": [32, 64, 128], "train_len": 32}  # 32: not past training
+    assert "at 32" not in report._loss_noise(summary)

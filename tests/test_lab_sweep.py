@@ -397,3 +397,16 @@ def test_a_second_lab_run_into_a_running_folder_is_refused(tmp_path):
     with held, pytest.raises(InputError, match="being written by another posemb lab run"):
         sweep.run(TINY, str(out), quiet=True)
     assert not (out / "protocol.json").exists()
+
+
+def test_the_race_scores_at_lengths_eval_lens_does_not_list(tmp_path):
+    """Issue 56, bug 5: the race scores at --race-len and twice it, but held-out windows were
+    drawn only at the listed --eval-lens, so it died after all the training with a bare
+    KeyError (the settings check had accepted it). Its lengths are drawn as well now."""
+    lens = TINY_RACE.eval_lens
+    cfg = dataclasses.replace(
+        TINY_RACE, variants=("sinusoidal",), tasks=("race",), eval_lens=(lens[0], lens[-1] * 4)
+    )
+    assert not set(cfg.race_eval_lens()) <= set(cfg.eval_lens)
+    summary = sweep.run(cfg, str(tmp_path / "out"), quiet=True)
+    assert summary["race"]

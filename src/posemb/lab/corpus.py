@@ -34,6 +34,8 @@ class Corpus:
     ids: torch.Tensor
     vocab: str
     split: int
+    source: str = ""
+    """Where the text came from: the embedded Bible, or the file's absolute path."""
 
     @property
     def train(self) -> torch.Tensor:
@@ -51,8 +53,11 @@ class Corpus:
 
 
 def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
-    """``(name, text)`` of the default corpus or a UTF-8 file; clear errors otherwise."""
+    """``(name, text)`` of the default corpus or a UTF-8 file; clear errors otherwise (a
+    file named as the default corpus is, in the working folder, is refused: which one was
+    meant cannot be told, and the embedded text was taken silently)."""
     if path is None or str(path) == DEFAULT:
+        _not_a_file_too(path)
         data = resources.files("posemb.lab").joinpath("data/kjv.txt.xz").read_bytes()
         return DEFAULT, lzma.decompress(data).decode("utf-8")
     p = os.fspath(path)
@@ -70,11 +75,32 @@ def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
     return os.path.basename(p), text
 
 
+EMBEDDED = "embedded in posemb (posemb/lab/data/kjv.txt.xz)"
+
+
+def _not_a_file_too(path: object) -> None:
+    if path is not None and os.path.isfile(DEFAULT):
+        raise InputError(
+            f"--corpus {DEFAULT} names the embedded Bible, and a file {DEFAULT!r} is in the "
+            f"working folder {os.getcwd()!r}: pass ./{DEFAULT} to train on the file, or run "
+            f"from another folder for the embedded text"
+        )
+
+
+def source(path: str | os.PathLike[str] | None = None) -> str:
+    """Where a corpus's text comes from: :data:`EMBEDDED`, or the file's absolute path."""
+    if path is None or str(path) == DEFAULT:
+        _not_a_file_too(path)
+        return EMBEDDED
+    return os.path.abspath(os.fspath(path))
+
+
 def content_id(path: str | os.PathLike[str] | None = None) -> str:
     """The SHA-256 (hex, first 16 digits) of a corpus's text as UTF-8: what identifies it in
     a lab job's digest and protocol. A path says where a text is, not which: an edited file,
     or a relative path run from another folder, is another corpus."""
     if path is None or str(path) == DEFAULT:
+        _not_a_file_too(path)
         return _text_id(DEFAULT, 0, 0)
     p = os.path.abspath(os.fspath(path))
     try:
@@ -117,4 +143,4 @@ def load(
             f"corpus {name!r} has {len(text):,} characters: too short for evaluation windows of "
             f"{min_held_out:,} characters (needs {min_held_out:,} held out and as many to train on)"
         )
-    return Corpus(name, ids, vocab, split)
+    return Corpus(name, ids, vocab, split, source(path))

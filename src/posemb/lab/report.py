@@ -97,7 +97,12 @@ def summarise(
     race = [r for r in results if r.get("kind") == "race"]
     return {
         "config": {k: v for k, v in asdict(cfg).items()},
-        "corpus": {"name": data.name, "characters": len(data.ids), "vocab": len(data.vocab)},
+        "corpus": {
+            "name": data.name,
+            "source": data.source,
+            "characters": len(data.ids),
+            "vocab": len(data.vocab),
+        },
         "unigram_entropy": data.unigram_entropy(),
         "results": table,
         "coincide": coincident(table),
@@ -478,7 +483,8 @@ def markdown(summary: dict) -> str:
         + " |"
     )
     lines = [
-        f"Loss in nats/char on held-out {summary['corpus']['name']} text; each cell is "
+        f"Loss in nats/char on held-out {summary['corpus']['name']} text"
+        f"{_source(summary['corpus'])}; each cell is "
         f"all positions / positions past the training length ({train}), mean over "
         f"{len(cfg['seeds'])} seed(s){' ± std' if len(cfg['seeds']) > 1 else ''}. Unigram "
         f"entropy {summary['unigram_entropy']:.2f}.",
@@ -530,11 +536,19 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _source(corpus: dict) -> str:
+    """`` (from <where>)`` for a summary that records its corpus's source; empty otherwise."""
+    where = corpus.get("source")
+    return f" (from {where})" if where else ""
+
+
 def _loss_noise(summary: dict) -> str:
-    """Which neighbouring variants (ordered by loss past the training length) differ."""
+    """Which neighbouring variants (ordered by loss past the training length) differ, at every
+    evaluation length past training (not the list's tail: with no length at the training
+    length itself, the first was skipped, silently)."""
     cfg, table = summary["config"], summary["results"]
     out = []
-    for n in cfg["eval_lens"][1:]:
+    for n in (n for n in cfg["eval_lens"] if n > cfg["train_len"]):
         rows = sorted(
             ((v, e[str(n)]["past"]) for v, e in table.items() if e.get(str(n), {}).get("past")),
             key=lambda r: r[1]["mean"],

@@ -88,12 +88,17 @@ class Entropy(TypedDict):
     variants: dict[str, dict[str, dict[str, EntropyAt]]]
 
 
-class CorpusInfo(TypedDict):
-    """The corpus the lab trained on."""
-
+class _Corpus(TypedDict):
     name: str
     characters: int
     vocab: int
+
+
+class CorpusInfo(_Corpus, total=False):
+    """The corpus the lab trained on (``source``: where its text came from, the embedded Bible
+    or a file's absolute path; absent from summaries written before it was recorded)."""
+
+    source: str
 
 
 class Summary(TypedDict):

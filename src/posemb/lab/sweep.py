@@ -395,6 +395,11 @@ def run_race_job(
     )
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
     held = {n: windows(data.held_out, n, cfg.eval_windows, eval_gen) for n in cfg.eval_lens}
+    # The race also scores at its own lengths (the race length and twice it), which need not
+    # be among --eval-lens: drawn after the listed ones, so their draws are as before.
+    for n in cfg.race_eval_lens():
+        if n not in held:
+            held[n] = windows(data.held_out, n, cfg.eval_windows, eval_gen)
     # Paired: every entrant of (seed, race_seed) draws the same batches.
     gen = torch.Generator().manual_seed(100_003 * (seed + 1) + race_seed)
     started = time.time()
