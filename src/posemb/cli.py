@@ -314,6 +314,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     _extras.require("matplotlib", "posemb lab (its plots)", "lab")
     from .lab import report, sweep
     from .lab.config import SUITES
+    from .lab.stopping import Stopped
 
     preset = args.preset
     if args.quick:
@@ -372,7 +373,15 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(base, **overrides)
     named = {"quick": "lab-quick", "gpu": "lab-gpu", "recent": "lab-recent", "all": "lab-all"}
     out = args.out or named.get(preset or args.suite or "", "lab-results")
-    summary = sweep.run(cfg, out, quiet=args.json, force=args.force)
+    try:
+        summary = sweep.run(cfg, out, quiet=args.json, force=args.force)
+    except Stopped as stop:  # one line, a signal's exit status; the finished jobs are kept
+        print(
+            f"posemb lab: {stop}; the finished jobs are kept in {out}: run the same command "
+            f"to resume",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if args.json:

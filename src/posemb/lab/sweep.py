@@ -60,6 +60,7 @@ from .config import (
 from .invocations import INVOCATIONS, closed, read_invocations
 from .model import TRAINED, ModelConfig, TinyLM
 from .resumable import _progress, _train_resumable
+from .stopping import die_with_parent, stopping
 from .tasks import PROBE_TASKS
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
@@ -618,8 +619,17 @@ def _phases(
             for a in args:
                 _worker(a)
         else:
-            with _huge_pages_in_workers(), mp.get_context("spawn").Pool(workers) as pool:
-                pool.map(_worker, args, chunksize=1)
+            spawn = mp.get_context("spawn")
+            # A stop (lab/stopping.py) leaves the with by an exception: the workers are
+            # terminated here, and end themselves if this process dies first.
+            me = (os.getpid(),)
+            with _huge_pages_in_workers(), spawn.Pool(workers, die_with_parent, me) as pool:
+                try:
+                    pool.map(_worker, args, chunksize=1)
+                except BaseException:
+                    pool.terminate()
+                    pool.join()  # the workers gone, and the pool's own resources released
+                    raise
         ran.append(
             {
                 "phase": label,
@@ -694,10 +704,11 @@ def run(
             file=sys.stderr,
         )
     preflight(cfg, out, force=force)  # before the lock: a refusal creates nothing
-    if rank != 0:
-        return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
-    with OwnedFolder(out, COMMAND).running():
-        return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
+    with stopping():  # SIGTERM / SIGINT: Stopped, the workers ended, what finished kept
+        if rank != 0:
+            return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
+        with OwnedFolder(out, COMMAND).running():
+            return _sweep(cfg, out, data, rank, world, data_parallel, quiet, force)
 
 
 def _sweep(
