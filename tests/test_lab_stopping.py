@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
 
 def _start(out):
     argv = [sys.executable, "-m", "posemb", "lab", "--quick", "--tasks", "lm", "--variants",
-            "rope", "sinusoidal", "--steps", "600", "--out", str(out)]  # fmt: skip
+            "rope", "sinusoidal", "--steps", "300", "--out", str(out)]  # fmt: skip
     return argv, subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
