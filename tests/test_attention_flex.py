@@ -49,6 +49,30 @@ def test_the_score_functions_are_the_cores_scores(name, visible):
         torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("name", ["alibi", "fire"])
+@pytest.mark.parametrize("starts", [(100,), (0, 37)], ids=["offset", "per-sequence"])
+def test_keys_that_do_not_start_at_zero(name, starts):
+    """Positions that are ranges from anywhere: FIRE normalises by the query's own position
+    (taking it as ``q_idx + delta`` was 3e-2 off once the keys started at 100)."""
+    score = _score(name)
+    if name == "fire":  # queries past the threshold, where the normaliser moves, and felt
+        with torch.no_grad():
+            score.module.threshold.fill_(4.0)
+            score.module.mlp[2].weight.mul_(10)
+    g = torch.Generator().manual_seed(9)
+    b, q_len, k_len = len(starts), 7, 24
+    q = torch.randn(b, 4, q_len, 8, generator=g)
+    k, v = torch.randn(b, 2, k_len, 8, generator=g), torch.randn(b, 2, k_len, 8, generator=g)
+    delta = k_len - q_len
+    kp = torch.arange(k_len) + torch.tensor(starts)[:, None]
+    qp = kp[:, delta:]
+    table, lo = _table(score, q_len, k_len, delta)
+    visible = scores.Visible(True, None)
+    got = flex.attend(q, k, v, score, table, lo, visible, 0.3, delta, False, qp[:, 0])
+    want = tiled.tiled_attention(q, k, v, score, visible, 0.3, qp, kp)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
 def test_a_learned_table_gets_its_gradient_through_flexattention():
     score = _score("t5")
     g = torch.Generator().manual_seed(6)

@@ -117,3 +117,36 @@ def test_the_piece_lookup_is_the_binary_search():
     close = torch.tensor([0.0, 1e-9, 1.0], dtype=F64)  # two in one cell
     x = torch.linspace(-2, 2, 101, dtype=F64)
     assert torch.equal(scores.pieces_of(x, close), torch.searchsorted(close, x))
+
+
+def test_fires_piece_gradients_keep_their_digits_over_a_large_tile():
+    """A tile of 2^20 pairs whose logit gradients cancel row by row (as a softmax's do): each
+    piece's slope and intercept gradient, a sum of ~10^5 such terms, within a few float32
+    roundoffs of the float64 sum (added one after another in float32 it lost 2-3 digits)."""
+    torch.manual_seed(11)
+    fire = posemb.FireBias(4)
+    with torch.no_grad():
+        for p in fire.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    score = scores.Fire(fire)
+    # As FIRE's x: growing along each row (with the distance); the gradient of one sign
+    # near the query, the other far from it, so that each piece's terms share a sign.
+    x_parts = torch.linspace(0, 1, 1024).expand(1, 1024, 1024).contiguous()
+    breaks, slope, intercept = score.pieces()
+    piece = scores.pieces_of(x_parts.reshape(-1), breaks)
+    g = torch.rand(4, 1, 1024, 1024) * torch.linspace(1, -1, 1024)
+    g = g - g.mean(-1, keepdim=True)  # every row's gradient sums to zero
+    got = torch.autograd.grad(
+        (scores._PieceLookup.apply(x_parts, slope, intercept, piece) * g).sum(),
+        (slope, intercept),
+    )
+    # The definition: each piece's sums, taken in float64.
+    flat = g.reshape(4, -1).double()
+    sums = torch.zeros(4, slope.shape[0], dtype=torch.float64)
+    want = (
+        sums.index_add(1, piece, flat * x_parts.reshape(1, -1).double()).T,
+        sums.index_add(1, piece, flat).T,
+    )
+    for a, b in zip(got, want, strict=True):
+        scale = float(b.abs().max())
+        assert float((a.double() - b).abs().max()) <= 16 * UNIT_ROUNDOFF[torch.float32] * scale

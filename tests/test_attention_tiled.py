@@ -123,6 +123,26 @@ def test_explicit_positions(name, where, monkeypatch):
     _close(_both(att, q, k, v, monkeypatch, positions=pos, k_positions=pos), F64, 2 * 30 * 30)
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "nope"])
+@pytest.mark.parametrize(
+    "case", ["after, causal", "after, both ways", "before, both ways", "more queries"]
+)
+def test_queries_far_from_the_keys(name, case, monkeypatch):
+    """Queries many blocks past (or before) every key, and more queries than keys with the
+    default positions: the distance table reaches every distance a call reads (it was cut at
+    ``q_len + k_len`` and a view read past it)."""
+    causal = case == "after, causal"
+    att = _attention(name, causal=causal, sinks=name == "nope")
+    lq, lk, q_at = {
+        "after, causal": (30, 20, 90), "after, both ways": (30, 20, 90),
+        "before, both ways": (20, 30, -80), "more queries": (70, 12, None),
+    }[case]  # fmt: skip
+    q, k, v = _inputs(2, lq, lk)
+    call = {} if q_at is None else {"positions": torch.arange(lq) + q_at,
+                                    "k_positions": torch.arange(lk)}  # fmt: skip
+    _close(_both(att, q, k, v, monkeypatch, **call), F64, terms=2 * lq * lk)
+
+
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire", "rope"])
 def test_key_padding_on_either_side_and_inside(name, monkeypatch):
     att = _attention(name, causal=True, sinks=True, window=11 if name == "rope" else None)
@@ -225,3 +245,23 @@ def test_no_tensor_grows_with_q_len_times_k_len(name, monkeypatch):
     with _Largest() as seen:
         att(q, k, v).sum().backward()
     assert seen.largest <= n * n // 32
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("tiles", [False, True], ids=["explicit-size", "core-size"])
+def test_forward_mode_ad_gives_the_jvp(sinks, tiles, monkeypatch):
+    """A dual query through a call of either size (the core's merge and SDPA's fused CPU
+    kernels have no forward-mode derivative: such a call takes SDPA's math form), against a
+    central difference."""
+    import torch.autograd.forward_ad as fwad
+
+    monkeypatch.setattr(module, "TILES_FROM", 1 if tiles else 1 << 60)
+    att = _attention("alibi", causal=True, sinks=sinks)
+    q, k, v = (t.detach() for t in _inputs(1, 20, 20))
+    tangent = torch.randn(q.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    with fwad.dual_level():
+        got = fwad.unpack_dual(att(fwad.make_dual(q, tangent), k, v)).tangent
+    eps = 1e-6
+    with torch.no_grad():
+        want = (att(q + eps * tangent, k, v) - att(q - eps * tangent, k, v)) / (2 * eps)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -62,12 +62,20 @@ def why_not(
     return None
 
 
-def score_mod(score: Score, table: torch.Tensor | None, lo: int, delta: int) -> Callable:
+def score_mod(
+    score: Score,
+    table: torch.Tensor | None,
+    lo: int,
+    delta: int,
+    q_start: torch.Tensor | None = None,
+) -> Callable:
     """The ``score_mod`` of ``score``: ``s + table[h, q_idx - kv_idx + delta - lo]`` for a
     distance-only score (``table`` ``(heads, n)`` at distances ``lo ..``), FIRE's MLP per
-    element otherwise."""
+    element otherwise. ``q_start``: int64 ``(batch,)``, each sequence's first query position
+    (FIRE normalises by the query's position, not only the distance); default ``delta``
+    (keys from position 0)."""
     if isinstance(score, Fire):
-        return _fire_mod(score, delta)
+        return _fire_mod(score, delta, q_start)
     assert table is not None
 
     def mod(s: torch.Tensor, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> torch.Tensor:
@@ -76,7 +84,7 @@ def score_mod(score: Score, table: torch.Tensor | None, lo: int, delta: int) -> 
     return mod
 
 
-def _fire_mod(score: Fire, delta: int) -> Callable:
+def _fire_mod(score: Fire, delta: int, q_start: torch.Tensor | None) -> Callable:
     fire: Any = score.module
     first, last = fire.mlp[0], fire.mlp[2]
     hidden = first.weight.shape[0]
@@ -84,8 +92,9 @@ def _fire_mod(score: Fire, delta: int) -> Callable:
     def mod(s: torch.Tensor, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> torch.Tensor:
         dt = fire.c.dtype
         c = fire.c.abs()
-        # Key column kv is at position kv; query row q at q + delta.
-        qpos = (q_idx + delta).to(dt)
+        # The distance is q - kv + delta whatever the positions start at; the position that
+        # normalises it is the query's own.
+        qpos = (q_idx + (delta if q_start is None else q_start[b])).to(dt)
         dist = (q_idx + delta - kv_idx).abs().to(dt)
         x = torch.log1p(c * dist) / torch.log1p(c * torch.maximum(qpos, fire.threshold.abs()))
         acc = last.bias[h]
@@ -125,11 +134,13 @@ def attend(
     scale: float,
     delta: int,
     compiled: bool = True,
+    q_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FlexAttention with ``score`` and ``visible`` (see :func:`score_mod`,
     :func:`mask_mod`): ``(batch, heads, q_len, v_dim)`` in q's dtype; ``compiled=False`` runs
     FlexAttention's eager reference (any device, small shapes: how the tests check the score
-    functions on the CPU)."""
+    functions on the CPU). ``q_start``: int64 ``(1 or batch,)``, each sequence's first query
+    position (default ``delta``: keys from position 0)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     q_len = q.shape[2]
@@ -140,7 +151,9 @@ def attend(
             mask_mod(visible, delta), None, None, q_len, k_len, device=q.device
         )
     run: Any = _compiled() if compiled else flex_attention
-    mod = score_mod(score, table, lo, delta)
+    if q_start is not None:
+        q_start = q_start.to(q.device, torch.int64).reshape(-1).expand(q.shape[0]).contiguous()
+    mod = score_mod(score, table, lo, delta, q_start)
     gqa = q.shape[1] != k.shape[1]
     out = run(q, k, v, score_mod=mod, block_mask=blocks, scale=scale, enable_gqa=gqa)
     assert isinstance(out, torch.Tensor)

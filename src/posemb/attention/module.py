@@ -10,6 +10,7 @@ less than the calls), and otherwise the blocked core (:mod:`.tiled`), which neve
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import forward_ad as _forward_ad
 
 from .. import _checks
 from .._errors import InputError
@@ -202,9 +204,10 @@ class PositionalAttention(nn.Module):
             is_causal = False
         # SDPA shares each k/v head among its group of q heads itself; no copies of k and v.
         gqa = q.shape[1] != k.shape[1]
-        if attn is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
+        with _math_under_forward_ad():
+            if attn is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=gqa)
 
     def _takes_tiles(self, call: _Call) -> bool:
         """Whether this call runs through the blocked core (:mod:`.tiled`) rather than SDPA
@@ -217,8 +220,8 @@ class PositionalAttention(nn.Module):
         :data:`TILES_FROM` pairs, where writing the score whole costs more than the calls
         (measured: ``benchmarks/attention.py``). Below it a few small tensors are cheaper than
         a plan of calls."""
-        if self.kind == "cope" or _checks.tracing():
-            return False
+        if self.kind == "cope" or _checks.tracing() or _forward_ad._current_level >= 0:
+            return False  # (the core's merge has no forward-mode derivative either)
         plain = self.kind not in ("bias",) and self.window is None and self.sinks is None
         if plain and call.pad is None and (call.default or not self.causal):
             return False
@@ -433,6 +436,16 @@ class _Call:
 
 _ROTARY = (RotaryEmbedding, FourierRotaryEmbedding)
 _BIASES = (AlibiBias, T5Bias, FireBias, KerpleBias)
+
+
+def _math_under_forward_ad() -> contextlib.AbstractContextManager:
+    """SDPA's math backend where a dual tensor may pass (torch's fused CPU kernels have no
+    forward-mode derivative); nothing otherwise."""
+    if _forward_ad._current_level < 0:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def _kind_of(enc: nn.Module | None, num_heads: int, head_dim: int) -> str:

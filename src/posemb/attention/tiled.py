@@ -78,7 +78,7 @@ def tiled_attention(
     if q.device.type == "cuda":  # FlexAttention where it can serve the call
         reason = flex.why_not(q, score, delta, pad, sinks)
         if reason is None and delta is not None:
-            return _flex(q, k, v, score, visible, scale, delta)
+            return _flex(q, k, v, score, visible, scale, delta, qp2[:, 0])
         flex.say_once(str(reason))
     if delta is not None:
         masks, blocks = _square(score, visible, qp2, kp2, delta, q_len, k_len, dt)
@@ -96,16 +96,18 @@ def _flex(
     visible: Visible,
     scale: float,
     delta: int,
+    q_start: torch.Tensor,
 ) -> torch.Tensor:
     """The call through FlexAttention: the score's table over every distance the call spans
-    (what is hidden is the block mask's)."""
+    (what is hidden is the block mask's); ``q_start`` ``(1 or batch,)`` each sequence's first
+    query position (FIRE's normaliser)."""
     q_len, k_len = q.shape[2], k.shape[2]
     lo = delta - (k_len - 1)
     table = None
     if score.distance_only:
         d = torch.arange(lo, q_len + delta, device=q.device)
         table = score.table(d).to(torch.float32)
-    return flex.attend(q, k, v, score, table, lo, visible, scale, delta)
+    return flex.attend(q, k, v, score, table, lo, visible, scale, delta, q_start=q_start)
 
 
 def _rows(
@@ -147,9 +149,15 @@ def _square(
     tiles = None if score.distance_only else 0
     from .core import _SQUARE
 
+    # Every distance a call's view reads: those of the whole (q_len, k_len) square, or, where
+    # the visible distances are bounded, within a block's height of them (a block's call
+    # spans the keys some of its rows may see).
     lo_seen, hi_seen = visible.span()
-    low = max(delta - (k_len - 1), int(max(lo_seen, -k_len)) - _SQUARE + 1)
-    high = min(q_len - 1 + delta, int(min(hi_seen, q_len + k_len)) + _SQUARE - 1)
+    low, high = delta - (k_len - 1), q_len - 1 + delta
+    if lo_seen != -float("inf"):
+        low = max(low, int(lo_seen) - _SQUARE + 1)
+    if hi_seen != float("inf"):
+        high = min(high, int(hi_seen) + _SQUARE - 1)
     low, high = min(low, high), max(low, high)
     d = torch.arange(low, high + 1, device=qp.device)
     values = _visible_table(score if score.distance_only else NoScore(score.num_heads), visible, d)
