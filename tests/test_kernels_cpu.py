@@ -21,7 +21,7 @@ from tolerances import assert_close
 LOADED = cpu.load()
 # Rotary halves that are not a multiple of 8 (18, 6) run the scalar loop after the vector one.
 VARIANT_CASES = [*CASES, ((2, 3, 11, 40), 1, 36), ((1, 2, 5, 12), 2, 12)]
-VARIANTS = list(LOADED.variants) if LOADED else ["baseline", "avx2", "avx512"]
+VARIANTS = list(LOADED.variants) if LOADED else ["baseline", "avx2", "avx512", "avx512_bf16"]
 
 
 @pytest.fixture(params=VARIANTS)

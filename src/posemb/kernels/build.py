@@ -8,8 +8,9 @@ release without a rebuild, and it includes no Python header, so one wheel serves
 so nothing outside the stable ABI can creep in.
 
 Instruction sets are not taken from the building machine: the row loop is compiled once per
-variant (``rows_baseline.cpp``, ``rows_avx2.cpp``, ``rows_avx512.cpp``, each setting its own
-target in the source) and the library picks one at run time. The flags here are the same on
+variant (``rows_baseline.cpp``, ``rows_avx2.cpp``, ``rows_avx512.cpp``,
+``rows_avx512_bf16.cpp``, each setting its own target in the source) and the library picks one
+at run time. The flags here are the same on
 every machine.
 
 This module imports nothing but the standard library: ``setup.py`` loads it by path.
@@ -22,8 +23,14 @@ import pathlib
 import sys
 
 CSRC = pathlib.Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "rows_baseline.cpp", "rows_avx2.cpp", "rows_avx512.cpp")
-HEADERS = ("rope.h", "rows.inc", "norm.inc")
+SOURCES = (
+    "ops.cpp",
+    "rows_baseline.cpp",
+    "rows_avx2.cpp",
+    "rows_avx512.cpp",
+    "rows_avx512_bf16.cpp",
+)
+HEADERS = ("rope.h", "rows.inc", "norm.inc", "avx512.inc")
 # The stable ABI's version this library needs at run time (major, minor).
 TARGET = (2, 10)
 LIBRARY = "_C"  # posemb/_C.abi3.so in the wheel

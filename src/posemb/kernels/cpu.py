@@ -17,8 +17,9 @@ Why this form. Applying RoPE is memory-bound: the least it can cost is one read 
 of x. The op reads each element once, rotates the pair in registers and writes it back, with
 threads from torch's own pool (``torch.set_num_threads`` holds) and work in tiles of tokens
 so that a tile of the cos/sin table stays in cache while every head passes over it. The row
-loop is compiled for a baseline, AVX2 (+FMA, F16C) and AVX-512, and the best one this CPU runs
-is picked at load time; ``POSEMB_CPU_VARIANT=baseline|avx2|avx512`` forces one (an unknown
+loop is compiled for a baseline, AVX2 (+FMA, F16C), AVX-512 and AVX-512 with AVX512_BF16, and
+the best one this CPU runs is picked at load time;
+``POSEMB_CPU_VARIANT=baseline|avx2|avx512|avx512_bf16`` forces one (an unknown
 name, or one this CPU cannot run, is an error). ``posemb bench`` measures it.
 
 A killed process must not hang the next JIT load. torch guards every load with a ``lock`` file
@@ -72,7 +73,8 @@ class Loaded:
     Attributes:
         source: ``"wheel"`` (built into the installed package) or ``"jit"`` (compiled here).
         path: the shared library.
-        variant: the running variant: ``"baseline"``, ``"avx2"`` or ``"avx512"``.
+        variant: the running variant: ``"baseline"``, ``"avx2"``, ``"avx512"`` or
+            ``"avx512_bf16"``.
         variant_reason: why that variant runs.
         variants: every compiled variant and whether this CPU can run it.
         torch_headers: the torch version whose headers compiled the library.

@@ -26,11 +26,12 @@ struct RotateArgs {
   int64_t os[3];            // strides of out
   int64_t cos_batch_stride;  // 0 when one table serves every batch row
   int64_t tile;              // tokens per work unit (see rotate_rows)
+  int64_t group;             // heads per work unit (see rotate_rows)
   float sign;               // -1 rotates by -theta (the backward pass)
   bool copy_tail;           // out of place with partial rotary: copy channels past 2n
 };
 
-// Rotate work units [begin, end) of B * ceil(S / tile) * H (see rows.inc).
+// Rotate work units [begin, end) of B * ceil(H / group) * ceil(S / tile) (see rows.inc).
 using RowsFn = void (*)(const RotateArgs&, int64_t begin, int64_t end);
 
 enum Dtype : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -95,6 +96,7 @@ extern const Variant kBaseline;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const Variant kAvx2;
 extern const Variant kAvx512;
+extern const Variant kAvx512Bf16;
 #define POSEMB_X86 1
 #endif
 
