@@ -35,8 +35,18 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/posemb kernels --build --if-possible
 	@touch $@ $(VENV)/.installed-demo
 
-demo: $(VENV)/.installed-demo
-	$(BIN)/posemb verify --save $(VENV)/claims.json
+# The claims' results are made again when posemb's sources or the pinned versions change, so
+# a second make demo takes seconds. A verify that fails (a claim that does not hold) wrote the
+# file: .DELETE_ON_ERROR removes it, so the next make demo runs the claims again, not the page
+# alone (make removes only a file the recipe changed: a refused, foreign file stays).
+CLAIM_INPUTS := $(wildcard src/posemb/*.py src/posemb/*/*.py src/posemb/*/*/*.py) \
+	pyproject.toml constraints.txt
+$(VENV)/claims.json: $(CLAIM_INPUTS) | $(VENV)/.installed-demo
+	$(BIN)/posemb verify --save $@
+
+.DELETE_ON_ERROR:
+
+demo: $(VENV)/claims.json
 	$(BIN)/posemb lesson --claims $(VENV)/claims.json
 
 # The documentation site into site/ (strict: a warning fails it), with the lesson page at
@@ -56,7 +66,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 
 # Two workers, one per core of the project's machines. Each test module stays on one worker,
-# the lesson's and the site's tests together, the longest first (tests/conftest.py).
+# the longest first; the claims and the lesson page are made once for both (tests/conftest.py).
 # PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 

@@ -1,4 +1,10 @@
+import contextlib
+import dataclasses
+import fcntl
+import json
 import os
+import pathlib
+from collections.abc import Iterator
 
 from hypothesis import HealthCheck, settings
 
@@ -33,20 +39,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-# What a worker must run together (make test: -n 2 --dist loadfile). A test module's tests
-# share module-scoped fixtures and, in test_front_door.py, state from one test to the next:
-# each module is one unit of work. The lesson's tests and the site's share session fixtures
-# that take minutes (every claim run, every figure, the page built): they are one unit.
-# (xdist's own --dist loadgroup did not group anything with pytest 9.2 and xdist 3.8.)
-_SHARED_SESSION = ("tests/lesson/", "tests/test_docs.py")
+# What a worker must run together (make test: -n 2 --dist loadfile): a test module's tests
+# share module-scoped fixtures and, in test_front_door.py, state from one test to the next, so
+# each module is one unit of work. What takes minutes and several modules need (every claim
+# run, the lesson page built) is made once per run for every worker (_once, below), so the
+# lesson's and the site's modules spread over both workers.
 # The units that take minutes each (fresh environments, the wheel, the lesson in a browser)
 # start first, so that no worker is left with one of them at the end.
-_LONG = ("tests/test_front_door.py", "tests/test_wheel.py", "lesson-and-site")
+_LONG = (
+    "tests/test_front_door.py",
+    "tests/test_wheel.py",
+    "tests/lesson/test_a11y.py",
+    "tests/lesson/test_browser.py",
+    "tests/test_lab_sweep.py",
+    "tests/test_docs.py",
+)
 
 
 def _unit(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return "lesson-and-site" if path.startswith(_SHARED_SESSION) else path
+    return nodeid.split("::", 1)[0]
 
 
 def _rank(nodeid: str) -> int:
@@ -59,26 +70,41 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _rank(item.nodeid))
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent where it is not installed
-def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile with the lesson's and the site's modules as one unit."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class Scheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
-
-    return Scheduling(config, log)
+@contextlib.contextmanager
+def _once(tmp_path_factory, name: str) -> Iterator[pathlib.Path]:
+    """A path every pytest-xdist worker of this run shares (the one session folder above the
+    workers' own), held under an exclusive lock: the first worker to get here makes the file,
+    the others wait, then read it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield root / name
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
-def claim_rows():
-    """Every claim run once per session (about a minute): the CLI and lesson tests share it."""
-    from posemb.lesson import claims
+def claims_file(tmp_path_factory) -> pathlib.Path:
+    """Every claim run once per test run (about a minute), whichever worker asks first, saved
+    as ``posemb verify --save`` saves them: the CLI's, the lesson's and the site's tests read
+    it, and the front door's ``make demo`` takes it as its checkout's claims."""
+    with _once(tmp_path_factory, "claims.json") as path:
+        if not path.exists():
+            from posemb.lesson import claims
 
-    return claims.run_all()
+            text = json.dumps(claims.run_all(), indent=2)
+            path.with_suffix(".tmp").write_text(text, encoding="utf-8")
+            os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def claim_rows(claims_file):
+    """The claim rows of this run (:func:`claims_file`)."""
+    return json.loads(claims_file.read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="session")
@@ -93,12 +119,27 @@ def built_figures():
 
 @pytest.fixture(scope="session")
 def lesson_build(tmp_path_factory, claim_rows):
-    """The lesson page built once per session from the shared claim rows."""
+    """The lesson page built once per run from the shared claim rows, into a folder every
+    worker reads (no test writes into it)."""
     pytest.importorskip("jinja2")
     pytest.importorskip("vl_convert")
     from posemb.lesson import page
 
-    return page.build_lesson(tmp_path_factory.mktemp("lesson") / "posemb-lesson", claim_rows)
+    with _once(tmp_path_factory, "lesson.json") as record:
+        if not record.exists():
+            built = page.build_lesson(record.with_name("posemb-lesson"), claim_rows)
+            fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(built)}
+            text = json.dumps(fields, default=str)
+            record.with_suffix(".tmp").write_text(text, encoding="utf-8")
+            os.replace(record.with_suffix(".tmp"), record)
+        fields = json.loads(record.read_text(encoding="utf-8"))
+    return page.LessonBuild(
+        folder=pathlib.Path(fields["folder"]),
+        index=pathlib.Path(fields["index"]),
+        failed=tuple(fields["failed"]),
+        seconds=fields["seconds"],
+        bytes=fields["bytes"],
+    )
 
 
 @pytest.fixture(scope="module")

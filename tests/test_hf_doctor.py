@@ -261,6 +261,18 @@ def test_a_base_moved_by_one_in_olmo3_is_named_on_its_sliding_layers():
     assert "reads 1 of 2 layer kind(s) differently" in check["summary"]
 
 
+def test_the_summary_counts_layer_kinds_not_fields():
+    """Two fields of one layer kind read differently are one kind in the summary (an attack:
+    "reads 2 of 2" where only the sliding layers differ, "2 of 1" for one kind)."""
+    config = _config(OLMO, rope_theta=10000, partial_rotary_factor=0.5)
+    check = hf.transformers_differs(config)
+    assert len(check["differs"]) >= 2
+    assert {row["layer_type"] for row in check["differs"]} == {"sliding_attention"}
+    assert "reads 1 of 2 layer kind(s) differently" in check["summary"]
+    one = hf.transformers_differs(config, layer_type="sliding_attention")
+    assert "reads 1 of 1 layer kind(s) differently" in one["summary"]
+
+
 _MUTATIONS = {
     "rope_theta": lambda v: v * 1.25,
     "factor": lambda v: v * 1.5,

@@ -34,24 +34,50 @@ def test_corpus_errors(tmp_path):
         corpus.load(short, min_held_out=1026)
 
 
-def test_a_file_named_as_the_embedded_corpus_is_refused_not_replaced(tmp_path, monkeypatch):
+def test_a_file_named_as_the_embedded_corpus_is_refused_not_replaced(tmp_path, monkeypatch, capsys):
     """Issue 56, bug 6: --corpus kjv with a file named kjv in the working folder took the
     embedded Bible, silently (4,137,848 characters where the file held 20,000). Which was
-    meant cannot be told: refused, naming both, before anything is read; ./kjv is the file."""
+    meant cannot be told: refused, naming both, before anything is read; ./kjv is the file.
+    Nothing typed is the embedded text, file or not (an attack found the default refused)."""
+    from posemb import cli
     from posemb.lab import corpus
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "kjv").write_text("In the beginning was a short text. " * 600)
-    for call in (
-        lambda: corpus.load("kjv"),
-        lambda: corpus.content_id("kjv"),
-        lambda: corpus.source("kjv"),
-    ):
-        with pytest.raises(ValueError, match="names the embedded Bible, and a file 'kjv'"):
-            call()
+    with pytest.raises(ValueError, match="names the embedded Bible, and a file 'kjv'"):
+        corpus.refuse_shadowed("kjv")
+    corpus.refuse_shadowed(None)
+    corpus.refuse_shadowed("./kjv")
+    assert cli.main(["lab", "--quick", "--corpus", "kjv", "--out", str(tmp_path / "o")]) == 2
+    assert "names the embedded Bible, and a file 'kjv'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything ran
     data = corpus.load("./kjv")
     assert len(data.ids) == 35 * 600 and data.source == str(tmp_path / "kjv")
-    assert corpus.load(None).source == corpus.EMBEDDED  # the default by default, still
+    # "kjv" in the library, and the CLI's default, are the embedded text.
+    assert corpus.load(None).source == corpus.EMBEDDED
+    assert corpus.source("kjv") == corpus.EMBEDDED
+    assert corpus.content_id("kjv") == corpus.content_id(None) != corpus.content_id("./kjv")
+
+
+def test_the_lab_without_a_corpus_takes_the_embedded_one_beside_a_file_named_kjv(
+    tmp_path, monkeypatch
+):
+    """The attack's case: no --corpus, a file named kjv here: the settings pass (the run is
+    handed to a stand-in for the sweep, after the corpus check)."""
+    from posemb import cli
+    from posemb.lab import sweep
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kjv").write_text("In the beginning was a short text. " * 600)
+    seen = {}
+
+    def run(cfg, out, **kw):
+        seen["corpus"] = cfg.corpus
+        return None
+
+    monkeypatch.setattr(sweep, "run", run)
+    assert cli.main(["lab", "--quick", "--out", str(tmp_path / "o")]) == 0
+    assert seen["corpus"] == "kjv"
 
 
 def test_the_results_say_where_the_corpus_came_from(tmp_path):

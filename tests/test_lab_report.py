@@ -245,3 +245,10 @@ def test_the_noise_verdict_covers_every_length_past_training():
     assert "at 64: a ~ b" in line and "at 128: every neighbour differs" in line
     summary["config"] = {"eval_lens": [32, 64, 128], "train_len": 32}  # 32: not past training
     assert "at 32" not in report._loss_noise(summary)
+    # Nothing past training, or one variant alone: no verdict line at all (an attack saw
+    # "Within noise (...): " with nothing after it, and "every neighbour differs" for one).
+    summary["config"] = {"eval_lens": [32], "train_len": 32}
+    assert report._loss_noise(summary) == ""
+    summary["config"] = {"eval_lens": [64, 128], "train_len": 32}
+    del summary["results"]["b"]
+    assert report._loss_noise(summary) == ""

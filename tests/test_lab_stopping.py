@@ -101,3 +101,41 @@ def test_a_worker_whose_parent_is_killed_ends_itself(tmp_path):
     # A worker still importing torch when its parent died ends once it can check (no bound
     # but that it ends: the issue's 5 s is SIGTERM's).
     assert _gone(kids, within=30.0), [k for k in kids if _alive(k)]
+
+
+def test_a_stop_while_a_checkpoint_is_read_stays_a_stop(tmp_path, monkeypatch):
+    """An attack: SIGTERM landing inside torch.load became "checkpoint cannot be read
+    (Stopped); delete it" (load_checkpoint's `except Exception` took it): a good checkpoint
+    named for deletion, exit 2 instead of 143 and the resume line."""
+    import torch
+
+    from posemb.lab import checkpoints
+    from posemb.lab.stopping import Stopped, stopping
+
+    path = tmp_path / "job.pt"
+    torch.save({"digest": "d", "x": torch.zeros(3)}, path)
+    real = torch.load
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before the read finishes
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", interrupted)
+    with pytest.raises(Stopped, match="SIGTERM"), stopping():
+        checkpoints.load_checkpoint(str(path), "d")
+    assert path.exists()
+
+
+def test_workers_started_for_the_sweep_ignore_ctrl_c():
+    """Ctrl-C reaches the whole process group: the workers printed a KeyboardInterrupt
+    traceback each while the sweep ended them anyway. Started inside the block, a process
+    ignores SIGINT; after it, SIGINT is this process's again."""
+    from posemb.lab.stopping import children_ignore_sigint
+
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    before = signal.getsignal(signal.SIGINT)
+    with children_ignore_sigint():
+        inside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (inside.stdout.strip(), after.stdout.strip()) == ("True", "False")
+    assert signal.getsignal(signal.SIGINT) is before

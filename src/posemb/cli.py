@@ -312,7 +312,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
     # At the door: a run can take hours, and its plots come at the end.
     _extras.require("matplotlib", "posemb lab (its plots)", "lab")
-    from .lab import report, sweep
+    from .lab import corpus, report, sweep
     from .lab.config import SUITES
     from .lab.stopping import Stopped
 
@@ -329,6 +329,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
                 "--preset gpu trains on --device cuda, and no CUDA GPU is visible here; add "
                 "--device cpu to run it on the CPU anyway (hours to days), or use --preset quick"
             )
+    corpus.refuse_shadowed(args.corpus)  # typed, and a file of that name is here
     presets = {"quick": sweep.quick_config, "gpu": sweep.gpu_config}
     base = presets[preset]() if preset else sweep.LabConfig()
     if args.suite:

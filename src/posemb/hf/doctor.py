@@ -76,8 +76,10 @@ def transformers_differs(
 
     Returns:
         ``transformers`` (its version, or None when it is not installed), ``summary`` (one
-        line), and ``differs``: one :class:`Difference` per layer kind read differently (an
-        empty list when every kind agrees; None when the check was skipped).
+        line: how many layer kinds are read differently), and ``differs``: one
+        :class:`Difference` per field of a layer kind read differently (several for one kind
+        when several of its fields differ; an empty list when every kind agrees; None when the
+        check was skipped).
     """
     if not isinstance(config, dict):
         raise TypeError("transformers_differs compares a config.json dict with transformers")
@@ -120,8 +122,8 @@ def transformers_differs(
     said = (
         f"transformers {version} ({cls}) reads {which} as the file says"
         if not differs
-        else f"transformers {version} ({cls}) reads {len(differs)} of {len(kinds)} layer "
-        f"kind(s) differently from the file"
+        else f"transformers {version} ({cls}) reads {len({d['layer_type'] for d in differs})} "
+        f"of {len(kinds)} layer kind(s) differently from the file"
     )
     return {"transformers": version, "summary": said, "differs": differs}
 

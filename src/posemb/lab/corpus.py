@@ -53,11 +53,11 @@ class Corpus:
 
 
 def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
-    """``(name, text)`` of the default corpus or a UTF-8 file; clear errors otherwise (a
-    file named as the default corpus is, in the working folder, is refused: which one was
-    meant cannot be told, and the embedded text was taken silently)."""
+    """``(name, text)`` of the default corpus or a UTF-8 file; clear errors otherwise.
+    ``"kjv"`` always names the embedded text (a file of that name is read as ``"./kjv"``);
+    ``posemb lab --corpus kjv`` typed where such a file lies is refused by the CLI
+    (:func:`refuse_shadowed`), since which one was meant cannot be told there."""
     if path is None or str(path) == DEFAULT:
-        _not_a_file_too(path)
         data = resources.files("posemb.lab").joinpath("data/kjv.txt.xz").read_bytes()
         return DEFAULT, lzma.decompress(data).decode("utf-8")
     p = os.fspath(path)
@@ -78,19 +78,25 @@ def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
 EMBEDDED = "embedded in posemb (posemb/lab/data/kjv.txt.xz)"
 
 
-def _not_a_file_too(path: object) -> None:
-    if path is not None and os.path.isfile(DEFAULT):
+def refuse_shadowed(name: str | None) -> None:
+    """Refuse ``name`` when it is the embedded corpus's name and a file of that name is in the
+    working folder: ``--corpus kjv`` typed there may mean either (issue 56: the embedded text
+    was taken silently). ``None`` (nothing typed) is the embedded text, never refused.
+
+    Raises:
+        InputError: naming both and how to pick each.
+    """
+    if name == DEFAULT and os.path.isfile(DEFAULT):
         raise InputError(
             f"--corpus {DEFAULT} names the embedded Bible, and a file {DEFAULT!r} is in the "
-            f"working folder {os.getcwd()!r}: pass ./{DEFAULT} to train on the file, or run "
-            f"from another folder for the embedded text"
+            f"working folder {os.getcwd()!r}: pass ./{DEFAULT} to train on the file, or leave "
+            f"--corpus out for the embedded text"
         )
 
 
 def source(path: str | os.PathLike[str] | None = None) -> str:
     """Where a corpus's text comes from: :data:`EMBEDDED`, or the file's absolute path."""
     if path is None or str(path) == DEFAULT:
-        _not_a_file_too(path)
         return EMBEDDED
     return os.path.abspath(os.fspath(path))
 
@@ -100,7 +106,6 @@ def content_id(path: str | os.PathLike[str] | None = None) -> str:
     a lab job's digest and protocol. A path says where a text is, not which: an edited file,
     or a relative path run from another folder, is another corpus."""
     if path is None or str(path) == DEFAULT:
-        _not_a_file_too(path)
         return _text_id(DEFAULT, 0, 0)
     p = os.path.abspath(os.fspath(path))
     try:

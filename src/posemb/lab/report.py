@@ -517,8 +517,8 @@ def markdown(summary: dict) -> str:
             "\nOne seed: the spread over seeds is unknown, so no difference in this table is "
             "called beyond noise (run with --seeds 0 1 for that)."
         )
-    else:
-        lines.append("\n" + _loss_noise(summary))
+    elif verdict := _loss_noise(summary):
+        lines.append("\n" + verdict)
     lines += [
         "",
         f"{cfg['layers']} layers, width {cfg['width']}, {cfg['heads']} heads, {cfg['steps']} "
@@ -553,10 +553,14 @@ def _loss_noise(summary: dict) -> str:
             ((v, e[str(n)]["past"]) for v, e in table.items() if e.get(str(n), {}).get("past")),
             key=lambda r: r[1]["mean"],
         )
+        if len(rows) < 2:  # one variant has no neighbour to differ from
+            continue
         ties = [
             f"{a} ~ {b}" for (a, ea), (b, eb) in itertools.pairwise(rows) if not differs(ea, eb)
         ]
         out.append(f"at {n}: " + (", ".join(ties) if ties else "every neighbour differs"))
+    if not out:  # no length past training, or one variant: no verdict to give
+        return ""
     return "Within noise (neighbours by loss past training, gap < 2 standard errors): " + (
         "; ".join(out)
     )

@@ -27,8 +27,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-class Stopped(Exception):
-    """The sweep was stopped by a signal; the jobs that finished are kept."""
+class Stopped(BaseException):
+    """The sweep was stopped by a signal; the jobs that finished are kept.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: a signal may land anywhere, and an
+    ``except Exception`` on the way (reading a checkpoint) must not turn it into that code's
+    own error (an attack saw "checkpoint cannot be read; delete it" for a stop)."""
 
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)
@@ -54,6 +58,23 @@ def stopping() -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started in the block ignore SIGINT (an ignored signal stays ignored across
+    ``exec``, and Python then installs no ``KeyboardInterrupt``). Ctrl-C reaches the terminal's
+    whole process group: the workers printed a traceback each (about 30 lines) while this
+    process, the one that answers it, ended them anyway. Outside the main thread it changes
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def die_with_parent(parent: int) -> None:

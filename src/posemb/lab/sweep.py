@@ -60,7 +60,7 @@ from .config import (
 from .invocations import INVOCATIONS, closed, read_invocations
 from .model import TRAINED, ModelConfig, TinyLM
 from .resumable import _progress, _train_resumable
-from .stopping import die_with_parent, stopping
+from .stopping import children_ignore_sigint, die_with_parent, stopping
 from .tasks import PROBE_TASKS
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
@@ -623,7 +623,10 @@ def _phases(
             # A stop (lab/stopping.py) leaves the with by an exception: the workers are
             # terminated here, and end themselves if this process dies first.
             me = (os.getpid(),)
-            with _huge_pages_in_workers(), spawn.Pool(workers, die_with_parent, me) as pool:
+            # Ctrl-C reaches the whole process group: this process answers, for them too.
+            with _huge_pages_in_workers(), children_ignore_sigint():
+                pool = spawn.Pool(workers, die_with_parent, me)
+            with pool:
                 try:
                     pool.map(_worker, args, chunksize=1)
                 except BaseException:
