@@ -4,6 +4,7 @@ import fcntl
 import json
 import os
 import pathlib
+import time
 from collections.abc import Iterator
 
 from hypothesis import HealthCheck, settings
@@ -47,12 +48,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The units that take minutes each (fresh environments, the wheel, the lesson in a browser)
 # start first, so that no worker is left with one of them at the end.
 _LONG = (
-    "tests/test_front_door.py",
+    "tests/lesson/test_a11y.py",  # asks for the claims first: the others wait on them less
     "tests/test_wheel.py",
-    "tests/lesson/test_a11y.py",
+    "tests/test_front_door.py",
     "tests/lesson/test_browser.py",
-    "tests/test_lab_sweep.py",
     "tests/test_docs.py",
+    "tests/test_lab_sweep.py",
 )
 
 
@@ -68,6 +69,24 @@ def _rank(nodeid: str) -> int:
 def pytest_collection_modifyitems(config, items):
     """The long units first (the order xdist hands units out in); stable otherwise."""
     items.sort(key=lambda item: _rank(item.nodeid))
+
+
+# POSEMB_TEST_TIMELINE=file: each worker appends "worker start end nodeid" per test phase, to
+# see where a run's time goes and where a worker waits (scripts/test_timeline.py sums it).
+_TIMELINE = os.environ.get("POSEMB_TEST_TIMELINE")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _TIMELINE:
+        os.environ["POSEMB_TEST_STARTED"] = repr(time.time())
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _TIMELINE:
+        started = float(os.environ.pop("POSEMB_TEST_STARTED", "nan"))
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(_TIMELINE, "a") as f:
+            f.write(f"{worker} {started:.3f} {time.time():.3f} {nodeid}\n")
 
 
 @contextlib.contextmanager
