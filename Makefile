@@ -66,9 +66,11 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 
 # Two workers, one per core of the project's machines. Each test module stays on one worker,
-# the longest first; the claims and the lesson page are made once for both (tests/conftest.py).
+# the longest first (tests/conftest.py orders them; xdist's own reorder, by number of tests,
+# ran the front door and the wheel last); the claims and the lesson page are made once for
+# both. POSEMB_TEST_TIMELINE=file records where the time went (scripts/test_timeline.py).
 # PYTEST_ARGS= runs it serially.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # ruff first (a second); the type check (about 40 s of one core, cold) runs beside the tests,
 # in the time their workers wait on pip and subprocesses, and prints after them. Either failing

@@ -78,6 +78,8 @@ _TIMELINE = os.environ.get("POSEMB_TEST_TIMELINE")
 
 def pytest_runtest_logstart(nodeid, location):
     if _TIMELINE:
+        # Only the process that runs tests records: a pytest a test starts is not this run's.
+        os.environ.pop("POSEMB_TEST_TIMELINE", None)
         os.environ["POSEMB_TEST_STARTED"] = repr(time.time())
 
 
