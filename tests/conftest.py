@@ -76,15 +76,31 @@ def pytest_collection_modifyitems(config, items):
 _TIMELINE = os.environ.get("POSEMB_TEST_TIMELINE")
 
 
+def _records() -> bool:
+    """A worker, or a run without workers: xdist's controller replays its workers' hooks."""
+    return bool(_TIMELINE) and ("PYTEST_XDIST_WORKER" in os.environ or not _CONTROLLER)
+
+
+_CONTROLLER = False
+
+
+def pytest_configure(config):
+    global _CONTROLLER
+    # -n N without a worker's input: the process that hands out the tests and runs none.
+    _CONTROLLER = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+
+
 def pytest_runtest_logstart(nodeid, location):
-    if _TIMELINE:
+    if _records():
         # Only the process that runs tests records: a pytest a test starts is not this run's.
         os.environ.pop("POSEMB_TEST_TIMELINE", None)
         os.environ["POSEMB_TEST_STARTED"] = repr(time.time())
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    if _TIMELINE:
+    if _records():
         started = float(os.environ.pop("POSEMB_TEST_STARTED", "nan"))
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(_TIMELINE, "a") as f:
