@@ -35,12 +35,12 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/posemb kernels --build --if-possible
 	@touch $@ $(VENV)/.installed-demo
 
-# The claims' results are made again when posemb's sources or the pinned versions change, so
-# a second make demo takes seconds. A verify that fails (a claim that does not hold) wrote the
+# The claims' results are made again when posemb's sources, its data files (the lab summaries
+# the claims read) or the pinned versions change, so a second make demo takes seconds. A verify that fails (a claim that does not hold) wrote the
 # file: .DELETE_ON_ERROR removes it, so the next make demo runs the claims again, not the page
 # alone (make removes only a file the recipe changed: a refused, foreign file stays).
-CLAIM_INPUTS := $(wildcard src/posemb/*.py src/posemb/*/*.py src/posemb/*/*/*.py) \
-	pyproject.toml constraints.txt
+CLAIM_INPUTS := $(wildcard src/posemb/*.py src/posemb/*/*.py src/posemb/*/*/*.py \
+	src/posemb/*/data/*) pyproject.toml constraints.txt
 $(VENV)/claims.json: $(CLAIM_INPUTS) | $(VENV)/.installed-demo
 	$(BIN)/posemb verify --save $@
 

@@ -82,6 +82,7 @@ def _records() -> bool:
 
 
 _CONTROLLER = False
+_started: dict[str, float] = {}  # nodeid -> when its setup began, in this process
 
 
 def pytest_configure(config):
@@ -96,12 +97,12 @@ def pytest_runtest_logstart(nodeid, location):
     if _records():
         # Only the process that runs tests records: a pytest a test starts is not this run's.
         os.environ.pop("POSEMB_TEST_TIMELINE", None)
-        os.environ["POSEMB_TEST_STARTED"] = repr(time.time())
+        _started[nodeid] = time.time()
 
 
 def pytest_runtest_logfinish(nodeid, location):
     if _records():
-        started = float(os.environ.pop("POSEMB_TEST_STARTED", "nan"))
+        started = _started.pop(nodeid, float("nan"))
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(_TIMELINE, "a") as f:
             f.write(f"{worker} {started:.3f} {time.time():.3f} {nodeid}\n")

@@ -139,3 +139,31 @@ def test_workers_started_for_the_sweep_ignore_ctrl_c():
     after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (inside.stdout.strip(), after.stdout.strip()) == ("True", "False")
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_sweeps_worker_pool_is_started_ignoring_ctrl_c(tmp_path, monkeypatch):
+    """The pool's workers inherit SIGINT ignored (they are started inside
+    children_ignore_sigint), and this process answers SIGINT again after."""
+    import dataclasses
+
+    from posemb.lab import sweep
+
+    seen = []
+
+    class Refused(Exception):
+        pass
+
+    class Context:
+        def Pool(self, *args, **kwargs):  # multiprocessing's name
+            seen.append(signal.getsignal(signal.SIGINT))
+            raise Refused
+
+    monkeypatch.setattr(sweep.mp, "get_context", lambda method: Context())
+    cfg = dataclasses.replace(
+        sweep.quick_config(), variants=("rope", "nope"), tasks=("lm",), workers=2
+    )
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Refused):
+        sweep._phases(cfg, str(tmp_path), 0, 1, False, True)
+    assert seen == [signal.SIG_IGN]
+    assert signal.getsignal(signal.SIGINT) is before
