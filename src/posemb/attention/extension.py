@@ -39,7 +39,7 @@ from torch.autograd import forward_ad as _forward_ad
 from .. import _checks, kernels
 from .._errors import InputError
 from ..rope import RotaryEmbedding, XPos
-from . import core
+from . import core, masks
 
 F64 = torch.float64
 # One position set: where q sits (..., q_len), where k sits (..., k_len), and the pairs whose
@@ -413,7 +413,7 @@ class Visibility:
             hidden = pad if hidden is None else hidden | pad
         if self.bias is not None:
             wide = torch.promote_types(self.bias.dtype, torch.float32)  # bool: float32
-            soft = core.hard(self.bias, wide) == -core.INF
+            soft = masks.hard(self.bias, wide) == -masks.INF
             hidden = soft if hidden is None else hidden | soft
         if self.allow is not None:  # the reference path: the whole grid at once
             banned = ~self.allow(0, qp.shape[-1], 0, kp.shape[-1]).to(qp.device)
@@ -639,7 +639,7 @@ def nothing_seen(
 
 def _ranges(
     method: Extension, qp: torch.Tensor, kp: torch.Tensor, vis: Visibility
-) -> core.Masks | None:
+) -> masks.Masks | None:
     """Per set, the range of key indices each query takes its pairs from, when every
     sequence's unpadded key positions are in increasing order (None otherwise: the reference
     path serves it). Padded keys take the position before them (they are hidden anyway)."""
@@ -673,7 +673,7 @@ def _ranges(
         starts.append(start.numpy())
         ends.append(end.numpy())
     pad_np = None if pad is None else pad.numpy()
-    return core.Masks(starts, ends, pad_np, vis.bias, allow=vis.allow)
+    return masks.Masks(starts, ends, pad_np, vis.bias, allow=vis.allow)
 
 
 def _index_bounds(
@@ -786,7 +786,7 @@ def _block(
             torch.maximum(view, part, out=view)
     if bias is not None:  # the soft part; the hard part is in hidden
         soft = _rows_of(bias, r0, r1)
-        soft = core.hard(soft[..., c0:c1] if soft.shape[-1] > 1 else soft, dt)
+        soft = masks.hard(soft[..., c0:c1] if soft.shape[-1] > 1 else soft, dt)
         soft = soft.masked_fill(soft == float("-inf"), 0.0)
         logits = logits + (soft - _row_top(soft, logits, hidden, r0, r1, c0, c1))
     if hidden is not None:  # (..., q_len or 1, k_len): a padding mask has one row for all

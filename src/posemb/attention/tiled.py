@@ -21,13 +21,24 @@ import torch
 
 from .. import _checks
 from . import flex
-from .core import Masks, Table, attention, range_plan, square_plan
+from .core import attention, range_plan, square_plan
+from .masks import Masks, Table
 from .scores import NoScore, Score, Visible
 
-# Elements of a score's tile per call (FIRE): a few of them live at once while the tile is
-# made, and on this project's CPU 2^18-2^19 ran fastest (3.6-3.8x plain attention at 2,048
-# tokens, 4.3-4.5x at 2^20-2^22: the tile's passes fall out of cache).
+# Elements of a score's tile per call (FIRE), at most: on this project's CPU 2^19 ran fastest
+# (2.0x plain attention at 2,048 tokens with the fused op, 2.5x at 2^18: more calls, each
+# with its fixed cost; larger tiles fall out of cache). Where the attention's own output is
+# small the tile is cut to a quarter of it (not below 2^17), so that it adds at most about a
+# quarter to plain attention's peak memory (2 MiB beside 4.8 MiB at 2,048 tokens, 8x64).
 SCORE_TILE = 1 << 19
+
+
+def score_tile(out_elements: int) -> int:
+    """Elements of a score's tile per call for an attention whose output has
+    ``out_elements`` (see :data:`SCORE_TILE`)."""
+    return min(SCORE_TILE, max(SCORE_TILE // 4, out_elements // 4))
+
+
 # A table over more distances than this (positions far apart) is not made: each tile reads the
 # score at its own distances instead.
 _TABLE_MOST = 1 << 22
@@ -81,7 +92,8 @@ def tiled_attention(
             return _flex(q, k, v, score, visible, scale, delta, qp2[:, 0])
         flex.say_once(str(reason))
     if delta is not None:
-        masks, blocks = _square(score, visible, qp2, kp2, delta, q_len, k_len, dt)
+        budget = score_tile(b * h * q_len * v.shape[-1])
+        masks, blocks = _square(score, visible, qp2, kp2, delta, (q_len, k_len, budget), dt)
     else:
         masks, blocks = _general(score, visible, qp2, kp2, pad, dt)
     out = attention([q_], [k_], v_, masks, scale, fused, blocks=blocks, sinks=sinks)
@@ -140,12 +152,13 @@ def _square(
     qp: torch.Tensor,
     kp: torch.Tensor,
     delta: int,
-    q_len: int,
-    k_len: int,
+    sizes: tuple[int, int, int],
     dt: torch.dtype,
 ) -> tuple[Masks, list]:
     """The ranges plan: one table of the visible distances (and the score, where it is a
-    function of the distance), every call a view of it."""
+    function of the distance), every call a view of it. ``sizes``: q_len, k_len and the
+    elements of a score's tile (:func:`score_tile`)."""
+    q_len, k_len, budget = sizes
     tiles = None if score.distance_only else 0
     from .core import _SQUARE
 
@@ -163,7 +176,7 @@ def _square(
     values = _visible_table(score if score.distance_only else NoScore(score.num_heads), visible, d)
     table = Table(values.to(dt), low, delta)
     if not score.distance_only:
-        tiles = max(1, SCORE_TILE // max(1, score.num_heads * min(q_len, _SQUARE)))
+        tiles = max(1, budget // max(1, score.num_heads * min(q_len, _SQUARE)))
     blocks = square_plan(q_len, k_len, delta, visible, tiles)
     tile_score = None if score.distance_only else score
     return Masks(table=table, score=tile_score, qp=qp, kp=kp), blocks
@@ -263,6 +276,15 @@ class _Hidden(Score):
             out = self.inner.tile(qp, kp)
         hidden = self.visible.hidden(d)
         return out if hidden is None else out.masked_fill(hidden[:, None], -float("inf"))
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def param_grads(
+        self, qp: torch.Tensor, kp: torch.Tensor, ds: torch.Tensor
+    ) -> list[torch.Tensor | None]:
+        # What is hidden carries no gradient (its softmax share is zero): the inner score's.
+        return self.inner.param_grads(qp, kp, ds)
 
 
 __all__ = ["tiled_attention", "visible_counts"]

@@ -29,6 +29,7 @@ SOURCES = (
     "rows_avx2.cpp",
     "rows_avx512.cpp",
     "rows_avx512_bf16.cpp",
+    "fire.cpp",
 )
 HEADERS = ("rope.h", "rows.inc", "norm.inc", "avx512.inc")
 # The stable ABI's version this library needs at run time (major, minor).
