@@ -150,3 +150,13 @@ def test_fires_piece_gradients_keep_their_digits_over_a_large_tile():
     for a, b in zip(got, want, strict=True):
         scale = float(b.abs().max())
         assert float((a.double() - b).abs().max()) <= 16 * UNIT_ROUNDOFF[torch.float32] * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_piece_lookup_in_each_dtype_past_its_cells_and_at_nan(dtype):
+    """Values far past the breakpoints on both sides, and a NaN, in each float dtype: the
+    binary search's answer (the cells are found in float32 or wider)."""
+    breaks = torch.tensor([-0.75, -0.1, 0.3, 1.2], dtype=dtype)
+    x = torch.cat((torch.linspace(-40, 40, 801), torch.tensor([float("nan"), 2.2, -1.76])))
+    x = x.to(dtype)
+    assert torch.equal(scores.pieces_of(x, breaks), torch.searchsorted(breaks, x))

@@ -296,3 +296,66 @@ def test_fires_gradients_keep_their_digits_far_from_position_zero(name, monkeypa
     for got, want in zip(*runs, strict=True):
         err = float((got.double() - want).abs().max())
         assert err <= 256 * UNIT_ROUNDOFF[torch.float32] * scale
+
+
+@pytest.mark.parametrize("frozen", ["c threshold", "mlp", "mlp threshold", "c"])
+@pytest.mark.parametrize("name", ["fire", "fire-torch"])
+def test_fire_with_some_parameters_frozen(name, frozen, monkeypatch):
+    """Only the parameters that require grad get one, as on the explicit path (a frozen MLP,
+    or a frozen c and threshold, leaves a piece of the backward with no graph: it crashed)."""
+    att = _attention(name, causal=True)
+    for pname, p in att.encoding.named_parameters():
+        if pname.split(".")[0] in frozen.split():
+            p.requires_grad_(False)
+    q, k, v = _inputs(2, 40, 40)
+    _close(_both(att, q, k, v, monkeypatch), F64, terms=2 * 40 * 40)
+
+
+def test_second_derivatives_where_k_and_v_need_no_gradient(monkeypatch):
+    """A gradient penalty in q alone (k and v constants): the recomputed backward asks autograd
+    only for what requires grad (it asked for k and v too, and failed)."""
+    att = _attention("fire", causal=True)
+    q, k, v = _inputs(1, 33, 33)
+    k, v = k.detach(), v.detach()
+    second = []
+    for tiles in (True, False):
+        monkeypatch.setattr(module, "TILES_FROM", 1 if tiles else 1 << 60)
+        (gq,) = torch.autograd.grad(att(q, k, v).square().sum(), (q,), create_graph=True)
+        second.append(torch.autograd.grad(gq.square().sum(), (q,)))
+    assert_close_at_scale(second[0][0], second[1][0], F64, TOL_SECOND)
+
+
+def test_a_frozen_fire_parameter_edited_before_the_backward_is_refused(monkeypatch):
+    """The backward recomputes FIRE's tiles from its parameters; one edited in place after the
+    forward (frozen, so autograd does not watch it) would give the wrong gradients silently."""
+    monkeypatch.setattr(module, "TILES_FROM", 1)
+    att = _attention("fire", causal=True)
+    att.encoding.c.requires_grad_(False)
+    q, k, v = _inputs(1, 40, 40)
+    out = att(q, k, v)
+    with torch.no_grad():
+        att.encoding.c.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place between the forward and the"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_fire_past_its_pieces(dtype, monkeypatch):
+    """A bfloat16 or float16 FIRE module whose x runs past its last breakpoint + 1 (the half
+    square above a call's diagonal): the lookup's cells are found in float32 (in bfloat16 the
+    last, 4095, rounded to 4096, one past the end), and the result is the float64
+    definition's within the dtype's table."""
+    monkeypatch.setattr(module, "TILES_FROM", 1)
+    torch.manual_seed(4)
+    att = posemb.PositionalAttention("fire", num_heads=4, head_dim=8, causal=True)
+    with torch.no_grad():
+        for p in att.encoding.mlp.parameters():
+            p.normal_(0, 1)
+        att.encoding.c.fill_(0.3)
+        att.encoding.threshold.fill_(20.0)
+    q, k, v = (t.detach() for t in _inputs(2, 80, 80, kv=4))
+    with torch.no_grad():
+        got = att.to(dtype)(q.to(dtype), k.to(dtype), v.to(dtype))
+        monkeypatch.setattr(module, "TILES_FROM", 1 << 60)
+        want = att.to(F64)(*(t.to(dtype).double() for t in (q, k, v)))
+    assert_close_at_scale(got.double(), want, dtype)

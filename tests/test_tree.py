@@ -72,6 +72,10 @@ COVERED_ELSEWHERE = {
     "lesson/diagrams.py": "every SVG state: lesson/test_figures.py, lesson/test_browser.py",
     "lesson/render.py": "the page's HTML and manifest: lesson/test_page.py",
     "lesson/screens/__init__.py": "the screens found by name: lesson/test_claims.py",
+    "attention/masks.py": (
+        "what a call of the blocked core reads: test_attention_core.py, "
+        "test_attention_tiled.py, test_hf_extension_masks.py"
+    ),
 }
 
 
@@ -125,6 +129,7 @@ def test_every_test_module_names_a_module_or_a_concern():
         "test_devices.py",  # every backend's test builds its tensors on its device
         "test_gpu.py",  # on a CUDA GPU: CUDA-graph capture, no host sync
         "test_gpu_check.py",  # benchmarks/gpu.sh, the GPU check, and its summary
+        "test_fire_op.py",  # FIRE's fused CPU op (kernels/csrc/fire.cpp, attention/scores.py)
     }
     src = ROOT / "src" / "posemb"
     mirrored = set()

@@ -204,6 +204,7 @@ class _Merged(torch.autograd.Function):
         ctx.blocks, ctx.masks, ctx.scale, ctx.kernel, ctx.layout = (
             blocks, masks, scale, kernel, layout,
         )  # fmt: skip
+        ctx.versions = _versions(masks)
         out = out.to(v.dtype)
         ctx.save_for_backward(*tensors, out, lse)
         return out
@@ -214,6 +215,7 @@ class _Merged(torch.autograd.Function):
         tensors, out, lse = saved[:-2], saved[-2], saved[-1]
         layout: Inputs = ctx.layout
         t = layout.split(tensors)
+        _check_versions(ctx.versions)
         if torch.is_grad_enabled():  # create_graph: a double backward will follow
             return (None,) * 5 + tuple(_differentiated(ctx, t, tensors, d_out))
         qs = t["qs"]
@@ -271,6 +273,23 @@ def _split(calls: list[Call], width: int = _BACK_COLS) -> list[Call]:
             dataclasses.replace(c, c0=x, c1=min(c.c1, x + width)) for x in range(c.c0, c.c1, width)
         ]
     return out
+
+
+def _versions(masks: Masks) -> list[tuple[torch.Tensor, int]]:
+    """The version of every parameter a tile score (FIRE) reads: the backward recomputes its
+    tiles from them, frozen ones included, which autograd does not watch."""
+    module = masks.score.module if masks.score is not None else None
+    return [] if module is None else [(p, p._version) for p in module.parameters()]
+
+
+def _check_versions(versions: list[tuple[torch.Tensor, int]]) -> None:
+    for p, version in versions:
+        if p._version != version:
+            raise RuntimeError(
+                "a parameter of the attention's encoding was modified in place between the "
+                "forward and the backward; the backward recomputes the encoding's scores from "
+                "it, so run the forward again after changing it"
+            )
 
 
 def _coalesced(calls: list[Call]) -> list[Call]:
@@ -424,8 +443,13 @@ def _differentiated(
         masks = dataclasses.replace(masks, table=table)
     with torch.enable_grad():
         out = _recomputed(ctx.blocks, masks, ctx.scale, t)
-    grads = torch.autograd.grad(out, tensors, d_out, create_graph=True, allow_unused=True)
-    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, tensors, strict=True)]
+    wanted = [x for x in tensors if x.requires_grad]  # (k and v may need none)
+    got = iter(torch.autograd.grad(out, wanted, d_out, create_graph=True, allow_unused=True))
+    grads = [next(got) if x.requires_grad else None for x in tensors]
+    return [
+        None if not x.requires_grad else torch.zeros_like(x) if g is None else g
+        for g, x in zip(grads, tensors, strict=True)
+    ]
 
 
 def _recomputed(blocks: list[Block], masks: Masks, scale: float, t: dict[str, Any]) -> torch.Tensor:

@@ -286,13 +286,19 @@ class Fire(Score):
         with torch.enable_grad():
             _, slope, intercept = self.pieces()
             through_x = self._x_surrogate(qp, kp, x, d_x.view_as(x))
-            got = torch.autograd.grad(
-                (slope, intercept, through_x),
-                wanted,
-                (d_slope.to(slope.dtype), d_intercept.to(slope.dtype), torch.ones_like(through_x)),
-                allow_unused=True,
-            )
-        return list(got)
+            pairs = [
+                (out, g)
+                for out, g in (
+                    (slope, d_slope.to(slope.dtype)),
+                    (intercept, d_intercept.to(slope.dtype)),
+                    (through_x, torch.ones_like(through_x)),
+                )
+                if out.requires_grad  # a frozen MLP (or c and threshold) makes no graph
+            ]
+            if not pairs:
+                return [None] * len(wanted)
+            outs, grads = zip(*pairs, strict=True)
+            return list(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
 
     def _grads_by_lookup(
         self, qp: torch.Tensor, kp: torch.Tensor, ds: torch.Tensor
@@ -454,19 +460,24 @@ def pieces_of(x: torch.Tensor, breaks: torch.Tensor) -> torch.Tensor:
     it (if any), which the value is compared with. A value a rounding from a cell's edge may
     read the cell next to it; where a breakpoint sits there too it may then take the piece on
     the other side of it, which FIRE's function (continuous at its breakpoints) gives the same
-    value for. Where two breakpoints share a cell, the binary search runs."""
+    value for. Where two breakpoints share a cell, the binary search runs. The cells are
+    found in float32 or wider (bfloat16 cannot hold the last cell's number, 4095); a NaN
+    counts every breakpoint, as in searchsorted."""
     if breaks.numel() == 0:
         return torch.zeros(x.shape, dtype=torch.int64, device=x.device)
+    wide = torch.promote_types(x.dtype, torch.float32)
     lo = float(breaks[0]) - 1.0
     width = (float(breaks[-1]) + 1.0 - lo) / _CELLS
-    cell = ((breaks - lo) / width).floor().long().clamp(0, _CELLS - 1)
+    cell = ((breaks.to(wide) - lo) / width).floor().clamp(0, _CELLS - 1).long()
     if cell.numel() > 1 and bool((cell[1:] == cell[:-1]).any()):
-        return torch.searchsorted(breaks, x)
+        return torch.searchsorted(breaks.to(x.dtype), x)
     below = torch.searchsorted(cell, torch.arange(_CELLS, device=x.device))  # cells < j
     inside = torch.full((_CELLS,), float("inf"), dtype=x.dtype, device=x.device)
     inside[cell] = breaks.to(x.dtype)
-    at = ((x - lo) / width).floor_().clamp_(0, _CELLS - 1).long()
-    return torch.index_select(below, 0, at) + (x > torch.index_select(inside, 0, at))
+    at = ((x.to(wide) - lo) / width).floor_().nan_to_num_(0.0).clamp_(0, _CELLS - 1).long()
+    got = torch.index_select(below, 0, at) + (x > torch.index_select(inside, 0, at))
+    nan = torch.isnan(x)
+    return got.masked_fill_(nan, breaks.numel()) if bool(nan.any()) else got
 
 
 def score_of(encoding: nn.Module | None, num_heads: int) -> Score:
