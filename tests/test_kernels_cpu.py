@@ -493,7 +493,10 @@ def _anon_huge_kb(t: torch.Tensor) -> int:
     """AnonHugePages (kB) of the mappings that hold ``t``'s memory in this process (the advice
     splits the mapping: its first, unaligned pages are a mapping of their own)."""
     start = t.data_ptr()
-    stop = start + t.numel() * t.element_size()
+    return _range_huge_kb(start, start + t.numel() * t.element_size())
+
+
+def _range_huge_kb(start: int, stop: int) -> int:
     huge, inside = 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -504,6 +507,24 @@ def _anon_huge_kb(t: torch.Tensor) -> int:
             elif inside and head == "AnonHugePages:":
                 huge += int(line.split()[1])
     return huge
+
+
+def _kernel_gives_huge_pages() -> bool:
+    """Whether an 8 MiB mapping advised as the op advises its outputs is backed by huge pages
+    now: the kernel gives them only while it finds free 2 MiB blocks (after long runs on a
+    fragmented machine it may not, and then no advice can help)."""
+    import ctypes
+    import mmap
+
+    size = 8 << 20
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (shared: shmem)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+        m.write(b"\1" * size)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        return _range_huge_kb(start, start + size) > 0
+    finally:
+        m.close()
 
 
 def _thp_mode() -> str | None:
@@ -524,6 +545,8 @@ def test_large_outputs_are_backed_by_huge_pages():
     cos, sin = tables(torch.arange(1024)[None], 1024, "cpu")
     qg = q.clone().requires_grad_()  # the autograd op allocates its outputs in C++
     got_q, _ = kernels.rotate(qg, qg[:, :0], cos, sin, backend="cpu")
+    if not _kernel_gives_huge_pages():  # (a plain advised mapping gets none either)
+        pytest.skip("the kernel gives no huge pages now, even to a plain advised mapping")
     assert _anon_huge_kb(got_q) >= 32 * 1024
     assert_close(got_q.detach(), reference.rotate(q, cos, sin, Layout.HALF), torch.float32)
     with torch.no_grad():  # the eager path allocates in Python and passes the outputs in
