@@ -17,7 +17,7 @@ PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constra
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test docs wheel lint format clean
+.PHONY: demo test docs wheel lint format clean screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,12 @@ lint: $(VENV)/.installed-dev
 # PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
+# The lesson's screenshots (one per screen, light, dark, 400 and 320 px, into
+# test-artifacts/lesson/) check nothing and took 36 s of the browser test: make test leaves
+# them out (POSEMB_SCREENSHOTS=1 make test keeps them), make screenshots takes them.
+screenshots: $(VENV)/.installed-dev
+	POSEMB_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/lesson/test_browser.py
+
 # ruff first (a second); the type check (about 40 s of one core, cold) runs beside the tests,
 # in the time their workers wait on pip and subprocesses, and prints after them. Either failing
 # fails make test.
@@ -81,7 +87,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	trap 'kill $$mypy 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
+	POSEMB_SCREENSHOTS=$${POSEMB_SCREENSHOTS:-0} $(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
 	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests ? tests : types ))
 

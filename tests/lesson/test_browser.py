@@ -5,13 +5,15 @@ figure is drawn at a useful size, every control moved by the keyboard changes it
 shows the readout posemb computed for that state (from manifest.json), every control is reached
 by Tab with a visible focus ring, and axe-core (vendored in tests/vendor) finds no WCAG 2.1 A/AA
 violation in light and dark mode, at 1280, 400 and 320 px. What axe cannot see is in
-test_a11y.py. A screenshot of each screen is kept under test-artifacts/lesson/. Under CI=true a
+test_a11y.py. ``make screenshots`` keeps a screenshot of each screen under test-artifacts/lesson/
+(``make test`` does not: they check nothing). Under CI=true a
 missing browser fails the test.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -40,8 +42,11 @@ def _save_screen(page, anchor: str, path: pathlib.Path) -> None:
 
     A locator screenshot scrolls the section into view and waits for two animation frames with
     the same box; on a starved CI machine that wait ran past 30 s once. These pictures assert
-    nothing, so they come from a full-page capture clipped to the section's box instead.
+    nothing, so they come from a full-page capture clipped to the section's box instead, and
+    only where ``POSEMB_SCREENSHOTS`` is not 0 (``make test`` sets 0, ``make screenshots`` 1).
     """
+    if os.environ.get("POSEMB_SCREENSHOTS", "1") == "0":
+        return
     box = page.evaluate(
         """(a) => { const r = document.getElementById(a).getBoundingClientRect();
                     return {x: r.left + scrollX, y: r.top + scrollY,
