@@ -298,9 +298,18 @@ def test_the_installed_op_loads_from_the_wheel_without_a_build(fresh_env, built)
         "posemb.kernels.rotate(q, k, cos, sin, backend='cpu')\n"
         "t2 = time.perf_counter()\n"
         "print(t1 - t0, t2 - t1)\n"
+        # FIRE's tile op is in the same library, and the attention core takes it.
+        "from posemb.attention import scores\n"
+        "x = torch.randn(1, 2, 300, 8)\n"
+        "att = posemb.PositionalAttention('fire', num_heads=2, head_dim=8, causal=True)\n"
+        "with torch.profiler.profile() as prof:\n"
+        "    att(x, x, x)\n"
+        "print(any(e.name == 'posemb::_fire_tile_cpu' for e in prof.events()))\n"
     )
     done = _run([str(fresh_env["python"]), "-c", code], env=env)
-    import_s, first_call_s = map(float, done.stdout.split())
+    timed, fire = done.stdout.split("\n")[:2]
+    assert fire == "True", done.stdout
+    import_s, first_call_s = map(float, timed.split())
     assert "building" not in done.stderr
     assert not os.path.exists(env["TORCH_EXTENSIONS_DIR"])  # nothing was compiled
     assert first_call_s < 5.0  # a load, not a build (the JIT build took 20-30 s before)

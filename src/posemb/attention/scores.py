@@ -182,16 +182,21 @@ class Fire(Score):
 
     def _x(self, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
         """The MLP's input ``psi(|d|) / psi(max(qp, L))``, ``(B, R, C)``, in the MLP's dtype."""
-        fire = self.module
-        dt = fire.c.dtype
-        c = fire.c.abs()
-        norm = torch.log1p(c * torch.maximum(qp.to(dt), fire.threshold.abs()))
+        dt, c, norm = self._norm(qp)
         if torch.is_grad_enabled():
             dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).abs().to(dt)
             return torch.log1p(c * dist) / norm.unsqueeze(-1)
         # The same operations in place: one tile-sized temporary at a time (peak memory).
         dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).abs_()
         return dist.to(dt).mul_(c).log1p_().div_(norm.unsqueeze(-1))
+
+    def _norm(self, qp: torch.Tensor) -> tuple[torch.dtype, torch.Tensor, torch.Tensor]:
+        """The MLP's dtype, ``|c|`` and each query's normaliser ``psi(max(qp, |L|))`` ``(B, R)``,
+        made as the module makes them (ties at the threshold split as its backward splits)."""
+        fire = self.module
+        dt = fire.c.dtype
+        c = fire.c.abs()
+        return dt, c, torch.log1p(c * torch.maximum(qp.to(dt), fire.threshold.abs()))
 
     def _pieces_once(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._memo is None:
@@ -324,16 +329,13 @@ class Fire(Score):
         where ``a_i = sum_j d_x |d| / (1 + c |d|)`` and ``b_i = sum_j d_x x`` are taken without
         a graph; ``c a_i / n_i`` and ``b_i log n_i`` then give autograd the rest (n_i made as
         the module makes it, so ties at the threshold split as its backward splits them)."""
-        fire = self.module
-        dt = fire.c.dtype
-        c = fire.c.abs()
+        dt, c, norm = self._norm(qp)
         with torch.no_grad():
             dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).abs_().to(dt)
             factor = torch.mul(dist, c).add_(1).reciprocal_().mul_(dist).mul_(d_x)
             a = factor.sum(-1)  # (B, R)
             del factor
             b = torch.mul(d_x, x).sum(-1)
-        norm = torch.log1p(c * torch.maximum(qp.to(dt), fire.threshold.abs()))  # (B, R)
         return (c * (a / norm.detach())).sum() - (b * norm.log()).sum()
 
     def pieces(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
