@@ -24,7 +24,7 @@ import zipfile
 import pytest
 
 import posemb
-from test_front_door import build_script, readme_install_lines
+from test_front_door import build_script, pip_settings, readme_install_lines
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -237,10 +237,12 @@ def fresh_env(built, tmp_path_factory) -> dict[str, object]:
         "HOME": str(base),
         "TORCH_EXTENSIONS_DIR": str(base / "torch_extensions"),  # empty: nothing to reuse
         "LANG": "C.UTF-8",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        **pip_settings(),
     }
     # pip's download cache only saves the network (torch is ~200 MB); what a new user lacks,
-    # a built op and any configuration, stays out through HOME.
+    # a built op and any configuration file, stays out through HOME. (pip's settings from the
+    # environment stay: they chose the CPU torch the suite's own venv has, not a 3 GB CUDA
+    # build that took 50 s of the install here.)
     if cache := _pip_cache_dir():
         env["PIP_CACHE_DIR"] = cache
     # The line after `make wheel &&` (the `built` fixture ran what make wheel runs), verbatim,
