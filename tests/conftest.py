@@ -4,6 +4,7 @@ import fcntl
 import json
 import os
 import pathlib
+import pickle
 import time
 from collections.abc import Iterator
 
@@ -146,13 +147,18 @@ def claim_rows(claims_file):
 
 
 @pytest.fixture(scope="session")
-def built_figures():
-    """Every lesson figure built once per session (the figure, page and screen tests share it)."""
+def built_figures(tmp_path_factory):
+    """Every lesson figure built once per run (about 10 s), whichever worker asks first: the
+    figure, page and screen tests of both workers share them (plain data, pickled)."""
     pytest.importorskip("altair")
     pytest.importorskip("vl_convert")
     from posemb.lesson import figures
 
-    return figures.build_figures()
+    with _once(tmp_path_factory, "figures.pickle") as path:
+        if not path.exists():
+            path.with_suffix(".tmp").write_bytes(pickle.dumps(figures.build_figures()))
+            os.replace(path.with_suffix(".tmp"), path)
+        return pickle.loads(path.read_bytes())
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,15 @@ def built(lesson_build):
     return lesson_build
 
 
+@pytest.fixture
+def figures_reused(monkeypatch, figures):
+    """Builds take this run's figures instead of making them again (9 s a build): the tests
+    that use it are about the folder and the claims, which every build still does itself."""
+    from posemb.lesson import figures as module
+
+    monkeypatch.setattr(module, "build_figures", lambda *a, **k: figures)
+
+
 def test_the_folder_holds_what_the_issue_lists(built):
     names = {p.name for p in built.folder.iterdir()}
     assert {"index.html", "parchment.png", "parchment.svg", "claims.json", "manifest.json"} <= names
@@ -137,7 +146,9 @@ def test_truncated_claims_file_and_file_as_out(tmp_path, capsys, claim_rows):
     assert (other / "notes.txt").read_text() == "mine"
 
 
-def test_a_failed_claim_exits_1_and_still_writes_the_page(tmp_path, claim_rows, capsys):
+def test_a_failed_claim_exits_1_and_still_writes_the_page(
+    tmp_path, claim_rows, capsys, figures_reused
+):
     rows = copy.deepcopy(claim_rows)
     rows[2]["passed"] = False
     out = tmp_path / "lesson"
@@ -307,7 +318,7 @@ def test_a_folder_with_someone_elses_manifest_is_refused_and_nothing_is_deleted(
 
 
 def test_a_rebuild_keeps_a_users_notes_only_with_force_and_removes_only_its_own(
-    tmp_path, capsys, claim_rows
+    tmp_path, capsys, claim_rows, figures_reused
 ):
     out = tmp_path / "lesson"
     claims_file = _save(tmp_path, claim_rows)
@@ -327,7 +338,9 @@ def test_a_rebuild_keeps_a_users_notes_only_with_force_and_removes_only_its_own(
     assert "changed since posemb lesson wrote them (index.html)" in capsys.readouterr().err
 
 
-def test_an_earlier_posembs_lesson_folder_is_taken_over(tmp_path, claim_rows, lesson_build):
+def test_an_earlier_posembs_lesson_folder_is_taken_over(
+    tmp_path, claim_rows, lesson_build, figures_reused
+):
     old = tmp_path / "old"
     shutil.copytree(lesson_build.folder, old)
     (old / ".posemb-owned.json").unlink()  # as a posemb before manifests left it
