@@ -13,10 +13,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# --no-compile: pip writing bytecode for every file it installs was a third of make test's
-# install here (74 s with it, 53 s without); Python writes it on first import instead, for the
-# modules that are used.
-PIP    := $(BIN)/python -m pip install --disable-pip-version-check --no-compile -q -c constraints.txt
+# pip writes every module's bytecode at install (a third of make test's install here: 74 s,
+# 53 s without). It stays: where PYTHONDONTWRITEBYTECODE is set (CI images, this project's
+# machines) nothing would write it later, and every process would compile torch again (the
+# suite took 819 s against 691 s with --no-compile).
+PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 

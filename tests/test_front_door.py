@@ -36,8 +36,9 @@ pytestmark = pytest.mark.front_door
 _times: dict[str, float] = {}
 # pip's settings for every fresh environment the suite makes. PIP_COMPILE=0 skips writing
 # bytecode at install (half of a torch install here: 13 s against 26 s); Python writes it on
-# first import, for the modules a run imports. (PIP_NO_COMPILE=1 does not do this: pip reads a
-# negative option's variable as the option's own value, so it turns compiling on.)
+# first import, for the modules a run imports: these environments do not pass on
+# PYTHONDONTWRITEBYTECODE. (PIP_NO_COMPILE=1 does not do this: pip reads a negative option's
+# variable as the option's own value, so it turns compiling on.)
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_COMPILE": "0"}
 
 

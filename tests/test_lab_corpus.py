@@ -4,6 +4,7 @@ import json
 import pathlib
 
 import pytest
+import torch
 
 from posemb.lab import corpus
 
@@ -93,3 +94,14 @@ def test_the_results_say_where_the_corpus_came_from(tmp_path):
     full = json.loads(shipped.read_text())
     first = report.markdown({**full, "corpus": summary["corpus"]})
     assert f"held-out text.txt text (from {path})" in first.splitlines()[0]
+
+
+def test_the_encoding_is_the_sorted_characters_and_their_indices():
+    # The table by code point against the plain reading: ASCII, accents, CJK, an emoji beyond
+    # the 16-bit plane, a NUL, and a character that repeats.
+    text = "In the beginning\x00 éé 起初 \U0001f600 God\n" * 3
+    vocab, ids = corpus._encode(text)
+    assert vocab == "".join(sorted(set(text)))
+    assert ids.dtype == torch.int64 and ids.tolist() == [vocab.index(c) for c in text]
+    empty, none = corpus._encode("")
+    assert empty == "" and none.shape == (0,) and none.dtype == torch.int64

