@@ -68,6 +68,33 @@ def summary(violations: list[dict]) -> list[tuple[str, str, int, list]]:
     ]
 
 
+def open_every_fold(page, selector: str = "details") -> list[str]:
+    """Open every closed ``selector`` fold as a reader does, by a click on its summary, in one
+    round trip (Playwright's click per fold took 7.5 s for the lesson's 45 at 320 px); returns
+    the folds whose summary a reader could not click (no box, or another element on top of
+    its centre, what Playwright's click refuses) or that a click left closed."""
+    return page.evaluate(
+        """(selector) => {
+          const failed = [];
+          for (const fold of document.querySelectorAll(selector)) {
+            if (fold.open) continue;
+            const summary = fold.querySelector(':scope > summary');
+            const name = (summary ? summary.textContent : fold.outerHTML).trim().slice(0, 60);
+            if (!summary) { failed.push('no summary: ' + name); continue; }
+            summary.scrollIntoView({block: 'center'});
+            const r = summary.getBoundingClientRect();
+            const top = r.width && r.height
+              ? document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2) : null;
+            if (!top || !summary.contains(top)) { failed.push('covered: ' + name); continue; }
+            summary.click();
+            if (!fold.open) failed.push('still closed: ' + name);
+          }
+          return failed;
+        }""",
+        selector,
+    )
+
+
 SMALL_TEXT = """() => [...document.querySelectorAll('main p, main li, main td, main th, '
      + 'main figcaption, main summary, .view svg text')]
    .filter(el => el.getClientRects().length && el.textContent.trim())

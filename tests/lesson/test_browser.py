@@ -18,7 +18,7 @@ import pathlib
 
 import pytest
 
-from browser import CUT_TEXT, SMALL_TEXT, axe_violations, summary
+from browser import CUT_TEXT, SMALL_TEXT, axe_violations, open_every_fold, summary
 
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts" / "lesson"
 
@@ -220,8 +220,9 @@ def test_a_phone_sized_window_scrolls_only_down_and_keeps_text_readable(
     try:
         page.goto(lesson_build.index.as_uri())
         page.wait_for_timeout(800)
-        for details in page.locator("details").all():
-            details.locator("summary").click()
+        assert page.locator("details").count() > 40
+        unopened = open_every_fold(page)
+        assert not unopened, unopened
         page.wait_for_timeout(300)
         scroll = page.evaluate("() => document.documentElement.scrollWidth")
         assert scroll == width, scroll
