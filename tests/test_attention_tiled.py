@@ -245,6 +245,9 @@ def test_no_tensor_grows_with_q_len_times_k_len(name, monkeypatch):
     """At 8,192 tokens (one head of 8) nothing the tiles form, forward or backward, holds more
     than a small fraction of the (q_len, k_len) grid: the explicit bias alone would hold it
     whole (67M elements)."""
+    # The core's own block sizes, not _small_blocks' (its 24-column backward chunks made
+    # 2,800 tiles here: FIRE took 20 s, 3 s with these), then smaller squares and tiles.
+    monkeypatch.undo()
     monkeypatch.setattr(core, "_SQUARE", 256)
     monkeypatch.setattr(core, "_TILE", 1 << 20)
     n = 8192
