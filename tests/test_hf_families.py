@@ -33,12 +33,17 @@ def _text_configs():
             yield mt, text, ref
 
 
-CASES = list(_text_configs())
+@pytest.fixture(scope="module")
+def cases():
+    """(model type, text config, transformers' frequencies) for every text rotary module: made
+    when this module's tests run, not when it is collected (10 s, which every pytest-xdist
+    worker paid for the module it would not run)."""
+    return list(_text_configs())
 
 
-def test_every_rope_family_is_read_right_or_refused():
+def test_every_rope_family_is_read_right_or_refused(cases):
     read, refused, wrong = [], [], []
-    for mt, text, ref in CASES:
+    for mt, text, ref in cases:
         try:
             model = hf.model_rope(text.to_dict())
         except ValueError:
@@ -64,9 +69,9 @@ def test_every_rope_family_is_read_right_or_refused():
     assert len(refused) < len(read) / 4
 
 
-def test_partial_rotary_defaults_match_the_config_classes():
+def test_partial_rotary_defaults_match_the_config_classes(cases):
     """A config that omits the rotary fraction gets its class's default, never a silent 1."""
-    for mt, text, _ in CASES:
+    for mt, text, _ in cases:
         params = getattr(text, "rope_parameters", None) or {}
         if "rope_type" not in params:  # per layer type: the nested dicts always carry it
             continue
@@ -96,7 +101,7 @@ def _call_both(theirs, mine, x, pos, layer_type):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_patched_module_returns_what_each_family_module_returns(dtype):
+def test_patched_module_returns_what_each_family_module_returns(dtype, cases):
     """HFRotaryEmbedding gives every read family's attention the tables it expects.
 
     Same structure (a cos/sin pair or one complex tensor), shapes and dtypes as the module it
@@ -105,7 +110,7 @@ def test_patched_module_returns_what_each_family_module_returns(dtype):
     """
     tol = 1e-5 if dtype == torch.float32 else 2.0**-7
     checked, failed = 0, []
-    for mt, text, _ in CASES:
+    for mt, text, _ in cases:
         try:
             mine = hf.HFRotaryEmbedding(text)
         except ValueError:
@@ -157,12 +162,12 @@ def test_mrope_model_types_are_the_classes_that_keep_mrope_keys():
 
 
 @pytest.mark.parametrize("flag", [None, False, True])
-def test_mrope_tables_match_each_family_module_with_3d_positions(flag):
+def test_mrope_tables_match_each_family_module_with_3d_positions(flag, cases):
     """Which pairs follow which axis: every M-RoPE family, a section that tells the assignments
     apart, positions whose three axes differ, and mrope_interleaved absent, false or true (no
     transformers module reads it; posemb follows each family's fixed assignment)."""
     compared = set()
-    for mt, text, _ in CASES:
+    for mt, text, _ in cases:
         if text.model_type not in families.MROPE_MODEL_TYPES or mt in families.REFUSED:
             continue
         text = copy.deepcopy(text)
