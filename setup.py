@@ -27,6 +27,9 @@ from setuptools import setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 MODES = ("auto", "0", "1")
+# setup.py runs for each of pip's build hooks; these commands compile nothing, and importing
+# torch for each of them was 2 s (pip runs the first two before every wheel it builds).
+NO_OP_COMMANDS = ("egg_info", "dist_info", "sdist")
 NO_TORCH = """
 posemb: torch cannot be imported in this build environment, so the wheel would carry no
 prebuilt CPU op. pip builds in an isolated environment by default, and that holds no torch.
@@ -53,7 +56,8 @@ def _op_options() -> dict:
     mode = os.environ.get("POSEMB_BUILD_OP", "auto")
     if mode not in MODES:
         raise SystemExit(f"POSEMB_BUILD_OP must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "0":
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if mode == "0" or command in NO_OP_COMMANDS:
         return {}
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
