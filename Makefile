@@ -23,18 +23,20 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test docs wheel lint format clean screenshots
 
-# pip first: the one Python 3.11 bundles (23.2) took 22 s to resolve the dev extra's ~110
-# packages here, 26.3 takes 9 s (and 55 s in all for the install, against 74 s).
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) pip
 
+# pip first (constraints.txt pins it): the one Python 3.11 bundles (23.2) took 22 s to resolve
+# the dev extra's ~110 packages here, 26.3 takes 9 s (55 s in all for the install, was 74 s).
+# In each install step, so that a venv made before, or a failed upgrade, gets it next time.
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) pip
 	$(PIP) -e '.[lesson,jit]'
 	$(BIN)/posemb kernels --build --if-possible
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) pip
 	$(PIP) -e '.[dev]'
 	# A test oracle: torchtune's vision RoPE. Its package imports torchao and more on import,
 	# so the tests load that one module file, and none of its dependencies are installed.

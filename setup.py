@@ -28,8 +28,19 @@ from setuptools import setup
 ROOT = pathlib.Path(__file__).resolve().parent
 MODES = ("auto", "0", "1")
 # setup.py runs for each of pip's build hooks; these commands compile nothing, and importing
-# torch for each of them was 2 s (pip runs the first two before every wheel it builds).
+# torch for each of them was 2 s (pip runs the first two before every wheel it builds). Only a
+# command line that names one of them and nothing that may compile skips the op.
 NO_OP_COMMANDS = ("egg_info", "dist_info", "sdist")
+BUILD_PREFIXES = ("bdist", "build", "install", "develop", "editable", "easy_install")
+
+
+def _compiles_nothing(argv: list[str]) -> bool:
+    """Whether ``setup.py argv`` runs only commands that compile nothing."""
+    return any(a in NO_OP_COMMANDS for a in argv) and not any(
+        a.startswith(BUILD_PREFIXES) for a in argv
+    )
+
+
 NO_TORCH = """
 posemb: torch cannot be imported in this build environment, so the wheel would carry no
 prebuilt CPU op. pip builds in an isolated environment by default, and that holds no torch.
@@ -56,8 +67,7 @@ def _op_options() -> dict:
     mode = os.environ.get("POSEMB_BUILD_OP", "auto")
     if mode not in MODES:
         raise SystemExit(f"POSEMB_BUILD_OP must be one of {', '.join(MODES)}, got {mode!r}")
-    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    if mode == "0" or command in NO_OP_COMMANDS:
+    if mode == "0" or (mode == "auto" and _compiles_nothing(sys.argv[1:])):
         return {}
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension

@@ -30,6 +30,10 @@ def _fire_path(request, monkeypatch):
         monkeypatch.setattr(scores, "_FUSED_OFF", True)
 
 
+# The core's block sizes as it ships them, before _small_blocks shrinks them.
+CORE_BLOCKS = {n: getattr(core, n) for n in ("_SQUARE", "_ROWS", "_LEAF", "_TILE", "_BACK_COLS")}
+
+
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
     """Blocks of 16 queries (squares of 16, leaves of 4, tiles of 512 elements): every call
@@ -246,9 +250,9 @@ def test_no_tensor_grows_with_q_len_times_k_len(name, monkeypatch):
     than a small fraction of the (q_len, k_len) grid: the explicit bias alone would hold it
     whole (67M elements)."""
     # The core's own block sizes, not _small_blocks' (its 24-column backward chunks made
-    # 2,800 tiles here: FIRE took 20 s, 3 s with these), then smaller squares and tiles.
-    monkeypatch.undo()
-    monkeypatch.setattr(core, "_SQUARE", 256)
+    # 2,800 tiles here: FIRE took 20 s, 2 s with these), then half its tile.
+    for block, value in CORE_BLOCKS.items():
+        monkeypatch.setattr(core, block, value)
     monkeypatch.setattr(core, "_TILE", 1 << 20)
     n = 8192
     att = posemb.PositionalAttention(name, num_heads=1, head_dim=8, causal=True)

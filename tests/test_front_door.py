@@ -42,11 +42,19 @@ _times: dict[str, float] = {}
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_COMPILE": "0"}
 
 
+# The user's pip settings that say where packages come from and how to reach them; nothing
+# that changes how pip builds or installs (PIP_NO_BUILD_ISOLATION, PIP_CONFIG_FILE, ...).
+PIP_SOURCES = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CERT",
+               "PIP_DEFAULT_TIMEOUT", "PIP_TRUSTED_HOST", "PIP_PROXY")  # fmt: skip
+
+
 def pip_settings() -> dict[str, str]:
-    """The user's pip settings from the environment (where torch comes from: on the project's
-    machines PIP_FIND_LINKS holds the CPU build that constraints.txt pins; without it pip takes
-    the index's CUDA build, 3 GB more), with :data:`PIP_ENV`."""
-    return {**{k: v for k, v in os.environ.items() if k.startswith("PIP_")}, **PIP_ENV}
+    """Where the user's pip takes packages from (:data:`PIP_SOURCES`), with :data:`PIP_ENV`.
+    So the fresh environments get the torch the suite's own venv has: on the project's
+    machines PIP_FIND_LINKS holds the CPU build (2.13.0+cpu, which outranks the index's
+    2.13.0) that constraints.txt pins; without it pip takes the index's CUDA build, 3 GB
+    more. The op is the same against either: it uses only the stable ABI's CPU calls."""
+    return {**{k: v for k, v in os.environ.items() if k in PIP_SOURCES}, **PIP_ENV}
 
 
 def build_script():

@@ -360,3 +360,32 @@ def test_the_version_has_one_source():
     newest = re.search(r"^## \[(\d+\.\d+\.\d+)\]", changelog, re.M)
     assert newest is not None and newest.group(1) == posemb.__version__
     assert f"\nversion: {posemb.__version__}\n" in (ROOT / "CITATION.cff").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode", "compiles"),
+    [
+        (["egg_info"], "auto", False),
+        (["dist_info", "--output-dir", "/tmp/x", "--keep-egg-info"], "auto", False),
+        (["sdist", "--formats", "gztar"], "auto", False),
+        (["bdist_wheel", "--dist-dir", "/tmp/x"], "auto", True),
+        # A metadata or sdist command beside one that builds still builds the op.
+        (["sdist", "bdist_wheel"], "auto", True),
+        (["-q", "egg_info", "build_ext"], "auto", True),
+        (["egg_info"], "1", True),  # POSEMB_BUILD_OP=1 keeps every command's checks
+    ],
+)
+def test_setup_py_skips_the_op_only_for_commands_that_compile_nothing(
+    argv, mode, compiles, monkeypatch
+):
+    """setup.py imports torch (2 s) only where a command may compile: a wheel built beside an
+    sdist (``setup.py sdist bdist_wheel``) must still carry the op."""
+    import setuptools
+
+    seen = []
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.append(kw))
+    monkeypatch.setattr(sys, "argv", ["setup.py", *argv])
+    monkeypatch.setenv("POSEMB_BUILD_OP", mode)
+    code = compile((ROOT / "setup.py").read_text(), str(ROOT / "setup.py"), "exec")
+    exec(code, {"__name__": "__main__", "__file__": str(ROOT / "setup.py")})
+    assert bool(seen[0].get("ext_modules")) == compiles, seen[0]

@@ -157,7 +157,7 @@ def _encode(text: str) -> tuple[str, torch.Tensor]:
     run), this 0.03 s."""
     if not text:
         return "", torch.zeros(0, dtype=torch.int64)
-    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     present = np.zeros(int(codes.max()) + 1, dtype=bool)
     present[codes] = True
     points = np.flatnonzero(present)
