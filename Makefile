@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10 and make:
 #   make demo   creates .venv, installs posemb, builds its CPU op, runs posemb verify once
-#               and builds the lesson page from its results (posemb-lesson/index.html)
+#               and builds the lesson page from its results (posemb-lesson/index.html); run
+#               again, it does only what a change needs
 #   make test   creates .venv, installs posemb with the dev extra, runs ruff, then the tests
 #               with the type check beside them
 #               (among them: the wheel built, installed where no compiler exists, and tested,
@@ -55,8 +56,18 @@ $(VENV)/claims.json: $(CLAIM_INPUTS) | $(VENV)/.installed-demo
 
 .DELETE_ON_ERROR:
 
+# The page is built again only when it is missing, or older than the claims or than a file of
+# posemb's package (templates, scripts and vendored libraries too; the build's own outputs and
+# bytecode left out): a second make demo prints the page's address. (Not a make target: make
+# would delete the page a failed claim leaves, and it must stay to show the failure.)
+LESSON := posemb-lesson/index.html
 demo: $(VENV)/claims.json
-	$(BIN)/posemb lesson --claims $(VENV)/claims.json
+	@newer=$$(find src/posemb -newer $(LESSON) -not -path '*/__pycache__/*' -not -name '_C*' \
+	    -print -quit 2>/dev/null) || newer=unknown; \
+	if [ -e $(LESSON) ] && [ $(LESSON) -nt $(VENV)/claims.json ] && [ -z "$$newer" ]; then \
+	    echo "the lesson page is up to date: file://$(abspath $(LESSON))"; \
+	else echo "$(BIN)/posemb lesson --claims $(VENV)/claims.json"; \
+	    $(BIN)/posemb lesson --claims $(VENV)/claims.json; fi
 
 # The documentation site into site/ (strict: a warning fails it), with the lesson page at
 # site/lesson/ (its claims run now, about a minute). Open site/index.html: it works offline.

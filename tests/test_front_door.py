@@ -29,7 +29,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 TOOLS = ("make", "sh", "bash", "env", "touch", "rm", "mkdir", "cp", "mv", "ln", "cat", "ls",
-         "which", "uname", "sed", "grep", "tr", "head", "tail", "date", "dirname")  # fmt: skip
+         "which", "uname", "sed", "grep", "tr", "head", "tail", "date", "dirname",
+         "find")  # fmt: skip
 COMPILER = ("c++", "g++", "gcc", "cc", "cpp", "as", "ld")
 
 pytestmark = pytest.mark.front_door
@@ -172,6 +173,9 @@ def test_make_demo_with_no_compiler_says_so_once_and_runs_the_reference(checkout
     assert said.count("no C++ compiler (c++/g++) on PATH") == 1, said[-3000:]
     assert "posemb kernels: no fused CPU op here" in said
     assert "Traceback" not in said
+    # Nothing the page is made from changed since the first demo: it is not built again.
+    assert "the lesson page is up to date: file://" in done.stdout, said[-3000:]
+    assert "posemb lesson" not in done.stdout
     _claims_hold(checkout)
     assert _op(checkout / ".venv", env, checkout) is None
     # posemb verify in this environment, on the reference rotation: a claim that rotates,
