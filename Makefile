@@ -14,10 +14,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# pip writes every module's bytecode at install (a third of make test's install here: 74 s,
-# 53 s without). It stays: where PYTHONDONTWRITEBYTECODE is set (CI images, this project's
-# machines) nothing would write it later, and every process would compile torch again (the
-# suite took 819 s against 691 s with --no-compile).
+# pip writes every module's bytecode at install (with pip 23.2, a third of make test's
+# install here: 74 s, 53 s without). It stays: where PYTHONDONTWRITEBYTECODE is set (CI images,
+# this project's machines) nothing would write it later, and every process would compile torch
+# again (the suite took 819 s against 691 s with --no-compile).
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
@@ -58,13 +58,16 @@ $(VENV)/claims.json: $(CLAIM_INPUTS) | $(VENV)/.installed-demo
 
 # The page is built again only when it is missing, or older than the claims or than a file of
 # posemb's package (templates, scripts and vendored libraries too; the build's own outputs and
-# bytecode left out): a second make demo prints the page's address. (Not a make target: make
-# would delete the page a failed claim leaves, and it must stay to show the failure.)
+# bytecode left out): a second make demo prints the page's address. A page newer than the
+# folder's ownership record (posemb/_owned.py), or one without it, goes to posemb lesson, which
+# refuses a page the user edited or did not get from it. (Not a make target: make would delete
+# the page a failed claim leaves, and it must stay to show the failure.)
 LESSON := posemb-lesson/index.html
 demo: $(VENV)/claims.json
 	@newer=$$(find src/posemb -newer $(LESSON) -not -path '*/__pycache__/*' -not -name '_C*' \
 	    -print -quit 2>/dev/null) || newer=unknown; \
-	if [ -e $(LESSON) ] && [ $(LESSON) -nt $(VENV)/claims.json ] && [ -z "$$newer" ]; then \
+	if [ -e $(LESSON) ] && [ $(LESSON) -nt $(VENV)/claims.json ] && [ -z "$$newer" ] && \
+	    [ ! $(LESSON) -nt posemb-lesson/.posemb-owned.json ]; then \
 	    echo "the lesson page is up to date: file://$(abspath $(LESSON))"; \
 	else echo "$(BIN)/posemb lesson --claims $(VENV)/claims.json"; \
 	    $(BIN)/posemb lesson --claims $(VENV)/claims.json; fi

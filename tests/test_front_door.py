@@ -176,6 +176,17 @@ def test_make_demo_with_no_compiler_says_so_once_and_runs_the_reference(checkout
     # Nothing the page is made from changed since the first demo: it is not built again.
     assert "the lesson page is up to date: file://" in done.stdout, said[-3000:]
     assert "posemb lesson" not in done.stdout
+    # A page the user edited since is not called up to date: posemb lesson refuses it.
+    page = checkout / "posemb-lesson" / "index.html"
+    kept = page.read_bytes()
+    page.write_text("my annotated copy")
+    edited = subprocess.run(["make", "demo"], env=env, cwd=checkout, capture_output=True,
+                            text=True)  # fmt: skip
+    assert edited.returncode != 0 and "up to date" not in edited.stdout, edited.stdout
+    assert "changed since posemb lesson wrote them (index.html)" in edited.stderr, edited.stderr
+    assert page.read_text() == "my annotated copy"
+    page.write_bytes(kept)
+    os.utime(checkout / "posemb-lesson" / ".posemb-owned.json")
     _claims_hold(checkout)
     assert _op(checkout / ".venv", env, checkout) is None
     # posemb verify in this environment, on the reference rotation: a claim that rotates,

@@ -301,7 +301,6 @@ def test_the_installed_op_loads_from_the_wheel_without_a_build(fresh_env, built)
         "t2 = time.perf_counter()\n"
         "print(t1 - t0, t2 - t1)\n"
         # FIRE's tile op is in the same library, and the attention core takes it.
-        "from posemb.attention import scores\n"
         "x = torch.randn(1, 2, 300, 8)\n"
         "att = posemb.PositionalAttention('fire', num_heads=2, head_dim=8, causal=True)\n"
         "with torch.profiler.profile() as prof:\n"
