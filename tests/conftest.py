@@ -72,8 +72,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _rank(item.nodeid))
 
 
-# POSEMB_TEST_TIMELINE=file: each worker appends "worker start end nodeid" per test phase, to
-# see where a run's time goes and where a worker waits (scripts/test_timeline.py sums it).
+# POSEMB_TEST_TIMELINE=file: each worker appends "worker start end cpu nodeid" per test, to
+# see where a run's time goes and where a worker waits (scripts/test_timeline.py sums it). cpu
+# is the test's processor seconds, its own threads' and its finished subprocesses': on a
+# machine whose cores are all busy, wall time says who waited, cpu says who made them wait.
 _TIMELINE = os.environ.get("POSEMB_TEST_TIMELINE")
 
 
@@ -83,7 +85,12 @@ def _records() -> bool:
 
 
 _CONTROLLER = False
-_started: dict[str, float] = {}  # nodeid -> when its setup began, in this process
+_started: dict[str, tuple[float, float]] = {}  # nodeid -> (when its setup began, cpu then)
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def pytest_configure(config):
@@ -98,15 +105,15 @@ def pytest_runtest_logstart(nodeid, location):
     if _records():
         # Only the process that runs tests records: a pytest a test starts is not this run's.
         os.environ.pop("POSEMB_TEST_TIMELINE", None)
-        _started[nodeid] = time.time()
+        _started[nodeid] = (time.time(), _cpu())
 
 
 def pytest_runtest_logfinish(nodeid, location):
     if _records():
-        started = _started.pop(nodeid, float("nan"))
+        started, cpu = _started.pop(nodeid, (float("nan"), float("nan")))
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(_TIMELINE, "a") as f:
-            f.write(f"{worker} {started:.3f} {time.time():.3f} {nodeid}\n")
+            f.write(f"{worker} {started:.3f} {time.time():.3f} {_cpu() - cpu:.2f} {nodeid}\n")
 
 
 @contextlib.contextmanager
