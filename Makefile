@@ -14,11 +14,21 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# pip writes every module's bytecode at install (with pip 23.2, a third of make test's
-# install here: 74 s, 53 s without). It stays: where PYTHONDONTWRITEBYTECODE is set (CI images,
-# this project's machines) nothing would write it later, and every process would compile torch
-# again (the suite took 819 s against 691 s with --no-compile).
+# The bytecode of the venv's packages is needed: where PYTHONDONTWRITEBYTECODE is set (CI
+# images, this project's machines) nothing would write it later, and every process would
+# compile torch again (the suite took 819 s against 691 s without it). pip writes it on one
+# core (35 of the dev install's 58 s here), so the big installs pass --no-compile and
+# COMPILE_SITE writes it on every core, beside the op's build (23 + 21 s). A file that does not
+# compile (a package's Python 2 example) is left without, as pip leaves it: the exit status
+# is ignored, a missing .pyc only costs time. BYTECODE=0 leaves it to Python (the suite's
+# fresh checkouts, where Python writes it on first import).
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
+SITE   := $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+BYTECODE ?= 1
+COMPILE_SITE := $(if $(filter 0,$(BYTECODE)),true,$(BIN)/python -m compileall -qq -j0 $(SITE) \
+	>/dev/null 2>&1)
+BUILD_OP := { $(COMPILE_SITE) & compiling=$$!; }; $(BIN)/posemb kernels --build --if-possible; \
+	built=$$?; wait $$compiling; exit $$built
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 
@@ -32,17 +42,17 @@ $(BIN)/python:
 # In each install step, so that a venv made before, or a failed upgrade, gets it next time.
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) pip
-	$(PIP) -e '.[lesson,jit]'
-	$(BIN)/posemb kernels --build --if-possible
+	$(PIP) --no-compile -e '.[lesson,jit]'
+	$(BUILD_OP)
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) pip
-	$(PIP) -e '.[dev]'
+	$(PIP) --no-compile -e '.[dev]'
 	# A test oracle: torchtune's vision RoPE. Its package imports torchao and more on import,
 	# so the tests load that one module file, and none of its dependencies are installed.
-	$(PIP) --no-deps torchtune
-	$(BIN)/posemb kernels --build --if-possible
+	$(PIP) --no-compile --no-deps torchtune
+	$(BUILD_OP)
 	@touch $@ $(VENV)/.installed-demo
 
 # The claims' results are made again when posemb's sources, its data files (the lab summaries

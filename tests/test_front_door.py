@@ -123,6 +123,8 @@ def _env(base: pathlib.Path, path: str, name: str) -> dict[str, str]:
         "PATH": path,
         "LANG": "C.UTF-8",
         "TORCH_EXTENSIONS_DIR": str(base / f"torch_extensions-{name}"),  # nothing to reuse
+        # make's set-up leaves the bytecode to Python, as pip does here (PIP_COMPILE=0).
+        "BYTECODE": "0",
         **pip_settings(),
     }
 
