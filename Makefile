@@ -3,9 +3,11 @@
 #               and builds the lesson page from its results (posemb-lesson/index.html); run
 #               again, it does only what a change needs
 #   make test   creates .venv, installs posemb with the dev extra, runs ruff, then the tests
-#               with the type check beside them
-#               (among them: the wheel built, installed where no compiler exists, and tested,
-#               and the documentation site built strictly and opened in a browser)
+#               with the type check beside them (among them: the documentation site built
+#               strictly and opened in a browser), all but the packaging tests
+#   make test-all  make test with the packaging tests (what CI runs): the wheel built,
+#               installed where no compiler exists and tested there, and the README's
+#               install lines and make demo run in new environments
 #   make docs   builds the documentation site into site/ (the lesson page inside it)
 #   make wheel  builds the release wheel (manylinux-tagged, the op inside) and the sdist into
 #               dist/, from a clean copy of the checkout (scripts/build_wheel.py)
@@ -32,7 +34,7 @@ BUILD_OP := { $(COMPILE_SITE) & compiling=$$!; }; $(BIN)/posemb kernels --build 
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test docs wheel lint format clean screenshots
+.PHONY: demo test test-all docs wheel lint format clean screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +113,15 @@ PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 screenshots: $(VENV)/.installed-dev
 	POSEMB_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/lesson/test_browser.py
 
+# The packaging tests (markers wheel and front_door: the wheel built and installed where no
+# compiler exists, the README's install lines and make demo, each in new environments) install
+# torch four times and build the op three times: a fifth of the suite's processor time, 225 s
+# here. make test leaves them out, to stay under 10 minutes from a fresh clone on 2 cores;
+# make test-all keeps them, and CI runs it (.ci/run). TEST_MARKS='...' picks others.
+TEST_MARKS ?= not wheel and not front_door
+test-all: TEST_MARKS :=
+test-all: test
+
 # ruff first (a second); the type check (about 40 s of one core, cold) runs beside the tests,
 # in the time their workers wait on pip and subprocesses, and prints after them. Either failing
 # fails make test.
@@ -120,7 +131,8 @@ test: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	trap 'kill $$mypy 2>/dev/null' INT TERM; \
-	POSEMB_SCREENSHOTS=$${POSEMB_SCREENSHOTS:-0} $(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
+	POSEMB_SCREENSHOTS=$${POSEMB_SCREENSHOTS:-0} $(BIN)/python -m pytest $(PYTEST_ARGS) \
+	    $(if $(TEST_MARKS),-m "$(TEST_MARKS)"); tests=$$?; \
 	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests ? tests : types ))
 
