@@ -25,12 +25,13 @@ BIN    := $(VENV)/bin
 # is ignored, a missing .pyc only costs time. BYTECODE=0 leaves it to Python (the suite's
 # fresh checkouts, where Python writes it on first import).
 PIP    := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
-SITE   := $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+SITE   := "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 BYTECODE ?= 1
 COMPILE_SITE := $(if $(filter 0,$(BYTECODE)),true,$(BIN)/python -m compileall -qq -j0 $(SITE) \
 	>/dev/null 2>&1)
-BUILD_OP := { $(COMPILE_SITE) & compiling=$$!; }; $(BIN)/posemb kernels --build --if-possible; \
-	built=$$?; wait $$compiling; exit $$built
+# A background job of sh ignores Ctrl-C: the trap ends it with make.
+BUILD_OP := { $(COMPILE_SITE) & compiling=$$!; }; trap 'kill $$compiling 2>/dev/null' INT TERM; \
+	$(BIN)/posemb kernels --build --if-possible; built=$$?; wait $$compiling; exit $$built
 # The venv's own tools first (the jit extra's ninja, which torch looks for on PATH).
 export PATH := $(abspath $(BIN)):$(PATH)
 
@@ -117,7 +118,8 @@ screenshots: $(VENV)/.installed-dev
 # compiler exists, the README's install lines and make demo, each in new environments) install
 # torch four times and build the op three times: a fifth of the suite's processor time, 225 s
 # here. make test leaves them out, to stay under 10 minutes from a fresh clone on 2 cores;
-# make test-all keeps them, and CI runs it (.ci/run). TEST_MARKS='...' picks others.
+# make test-all keeps them, and CI runs it (.ci/run). TEST_MARKS='...' picks others; a -m in
+# PYTEST_ARGS is left alone (make test-all PYTEST_ARGS=tests/test_wheel.py runs that file).
 TEST_MARKS ?= not wheel and not front_door
 test-all: TEST_MARKS :=
 test-all: test
@@ -132,7 +134,7 @@ test: $(VENV)/.installed-dev
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	trap 'kill $$mypy 2>/dev/null' INT TERM; \
 	POSEMB_SCREENSHOTS=$${POSEMB_SCREENSHOTS:-0} $(BIN)/python -m pytest $(PYTEST_ARGS) \
-	    $(if $(TEST_MARKS),-m "$(TEST_MARKS)"); tests=$$?; \
+	    $(if $(TEST_MARKS),$(if $(filter -m,$(PYTEST_ARGS)),,-m "$(TEST_MARKS)")); tests=$$?; \
 	wait $$mypy; types=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests ? tests : types ))
 

@@ -8,7 +8,13 @@ the processor seconds it used (its threads' and its subprocesses'), where the fi
 from __future__ import annotations
 
 import collections
+import math
 import sys
+
+
+def _seconds(value: float, width: int) -> str:
+    """``value`` as seconds, or "-" for a timeline written before it recorded them (NaN)."""
+    return "-".rjust(width + 2) if math.isnan(value) else f"{value:{width}.1f} s"
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +32,8 @@ def main(argv: list[str]) -> int:
         mine = sorted((r for r in rows if r[0] == worker), key=lambda r: r[1])
         busy = sum(r[2] - r[1] for r in mine)
         cpu = sum(r[3] for r in mine)
-        print(f"{worker}: busy {busy:.0f} s, cpu {cpu:.0f} s, ends at {mine[-1][2] - first:.0f} s")
+        ends = mine[-1][2] - first
+        print(f"{worker}: busy {busy:.0f} s, cpu {_seconds(cpu, 0)}, ends at {ends:.0f} s")
         modules: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 1e18, 0.0, 0.0])
         for _, start, end, used, module in mine:
             m = modules[module]
@@ -39,7 +46,9 @@ def main(argv: list[str]) -> int:
             modules.items(), key=lambda kv: kv[1][1]
         ):
             if spent >= 5 or used >= 5:
-                print(f"  {begin:6.0f}-{finish:6.0f} s  {spent:6.1f} s {used:6.1f} s  {module}")
+                print(
+                    f"  {begin:6.0f}-{finish:6.0f} s  {spent:6.1f} s {_seconds(used, 6)}  {module}"
+                )
     return 0
 
 
