@@ -167,3 +167,56 @@ def test_the_sweeps_worker_pool_is_started_ignoring_ctrl_c(tmp_path, monkeypatch
         sweep._phases(cfg, str(tmp_path), 0, 1, False, True)
     assert seen == [signal.SIG_IGN]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize(
+    ("main", "can"),
+    [
+        ({"__file__": "<stdin>"}, False),  # python - <<EOF: nothing to run again
+        ({"__file__": __file__}, True),
+        ({}, True),  # python -c, or an interactive session: nothing is run again
+        ({"__file__": "<stdin>", "__spec__": type("Spec", (), {"name": "mine"})()}, True),
+    ],
+)
+def test_workers_can_start_only_where_spawn_can_run_main_again(monkeypatch, main, can):
+    import types
+
+    from posemb.lab.stopping import workers_can_start
+
+    fake = types.ModuleType("__main__")
+    fake.__spec__ = None
+    for name, value in main.items():
+        setattr(fake, name, value)
+    monkeypatch.setitem(sys.modules, "__main__", fake)
+    assert workers_can_start() is can
+
+
+# Each worker would die at start (no <stdin> to run again), and multiprocessing.Pool started
+# another in its place forever: these hung at full CPU until killed.
+_FROM_STDIN = {
+    "dog bites man": """
+from posemb.lab import dog_bites_man as d
+print(d.memorisation(seeds=(0,), encodings=("alibi", "t5"))["alibi"]["train"])
+""",
+    "sweep": """
+import dataclasses, sys
+sys.path.insert(0, {tests!r})
+from lab_configs import TINY
+from posemb.lab import sweep
+s = sweep.run(dataclasses.replace(TINY, workers=2), {out!r}, quiet=False)
+print([p["workers"] for p in s["invocations"][-1]["phases"]])
+""",
+}
+
+
+@pytest.mark.parametrize("name", list(_FROM_STDIN))
+def test_a_script_read_from_stdin_runs_its_jobs_in_its_own_process(tmp_path, name):
+    script = _FROM_STDIN[name].format(tests=os.path.dirname(__file__), out=str(tmp_path / "o"))
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FileNotFoundError" not in done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == ("[1.0]" if name == "dog bites man" else "[1]"), done.stdout
+    if name == "sweep":
+        assert "no worker process can start" in done.stderr

@@ -34,6 +34,7 @@ from torch import nn
 from .._errors import InputError
 from ..absolute import LearnedEmbedding, SinusoidalEmbedding
 from .model import Block
+from .stopping import workers_can_start
 from .train import adamw, train
 
 ENTITIES = (
@@ -262,7 +263,7 @@ def _scores(jobs: list[tuple[str, int, int]]) -> list[tuple[float, float]]:
     """
     missing = [j for j in dict.fromkeys(jobs) if j not in _SCORES]
     workers = min(len(missing), _cores())
-    if workers > 1:
+    if workers > 1 and workers_can_start():
         with mp.get_context("spawn").Pool(workers) as pool:
             done = pool.starmap(train_and_score, missing, chunksize=1)
     else:

@@ -77,6 +77,24 @@ def children_ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+def workers_can_start() -> bool:
+    """Whether a spawned worker can start here. Spawn runs the parent's ``__main__`` again in
+    each worker, by its module name or from its file; a script read from standard input
+    (``python - <<EOF``) has neither (its file is "<stdin>"), so each worker died at start and
+    ``multiprocessing.Pool`` started another in its place, forever: a hang at full CPU. The lab
+    then runs its jobs in this process."""
+    import multiprocessing.process
+
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:  # an interactive session or python -c: nothing is run again
+        return True
+    start = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or os.getcwd()
+    return os.path.isfile(os.path.join(start, path))
+
+
 def die_with_parent(parent: int) -> None:
     """In a worker process: end it when ``parent``, the process that started it (its pid given
     by that process: a worker still importing when its parent died has another parent by the
@@ -99,4 +117,4 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="posemb-parent-watch", daemon=True).start()
 
 
-__all__ = ["SIGNALS", "Stopped", "die_with_parent", "stopping"]
+__all__ = ["SIGNALS", "Stopped", "die_with_parent", "stopping", "workers_can_start"]

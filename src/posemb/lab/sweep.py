@@ -60,7 +60,7 @@ from .config import (
 from .invocations import INVOCATIONS, closed, read_invocations
 from .model import TRAINED, ModelConfig, TinyLM
 from .resumable import _progress, _train_resumable
-from .stopping import children_ignore_sigint, die_with_parent, stopping
+from .stopping import children_ignore_sigint, die_with_parent, stopping, workers_can_start
 from .tasks import PROBE_TASKS
 from .train import adamw, next_token, per_position_loss, train, warmup_cosine, windows
 
@@ -612,6 +612,11 @@ def _phases(
             phase = [j for j in phase if j[0] != "lm"]
         jobs = phase[rank::world]
         workers = max(1, min(cfg.workers, len(jobs)))
+        if workers > 1 and not workers_can_start():
+            if not quiet:
+                print("posemb lab: run from standard input, so no worker process can start; "
+                      "the jobs run in this process", file=sys.stderr)  # fmt: skip
+            workers = 1
         threads = max(1, torch.get_num_threads() // workers)
         args = [(cfg, job, out, i % workers, quiet, threads) for i, job in enumerate(jobs)]
         started = time.time()
