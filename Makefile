@@ -41,7 +41,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # pip first (constraints.txt pins it): the one Python 3.11 bundles (23.2) took 22 s to resolve
-# the dev extra's ~110 packages here, 26.3 takes 9 s (55 s in all for the install, was 74 s).
+# the dev extra's ~110 packages here, 26.3 takes 9 s (the install with bytecode: 55 s, was 74 s).
 # In each install step, so that a venv made before, or a failed upgrade, gets it next time.
 $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) pip
@@ -124,7 +124,7 @@ TEST_MARKS ?= not wheel and not front_door
 test-all: TEST_MARKS :=
 test-all: test
 
-# ruff first (a second); the type check (about 40 s of one core, cold) runs beside the tests,
+# ruff first (a second); the type check (about 30 s of one core, cold) runs beside the tests,
 # in the time their workers wait on pip and subprocesses, and prints after them. Either failing
 # fails make test.
 test: $(VENV)/.installed-dev
