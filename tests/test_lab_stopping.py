@@ -220,3 +220,15 @@ def test_a_script_read_from_stdin_runs_its_jobs_in_its_own_process(tmp_path, nam
     assert last == ("[1.0]" if name == "dog bites man" else "[1]"), done.stdout
     if name == "sweep":
         assert "no worker process can start" in done.stderr
+
+
+def test_a_script_without_a_main_guard_fails_instead_of_hanging(tmp_path):
+    """Each spawned worker runs such a script again, which starts a pool of its own and dies;
+    multiprocessing.Pool replaced it forever. The claims' pool now raises instead."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from posemb.lab import dog_bites_man as d\n"
+                      "print(d.memorisation(seeds=(0,), encodings=('alibi', 't5')))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)  # fmt: skip
+    assert done.returncode != 0
+    assert "BrokenProcessPool" in done.stderr, done.stderr[-3000:]

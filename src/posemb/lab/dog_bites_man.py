@@ -20,6 +20,7 @@ memorised pairs rather than learning the rule; T5 still generalised there (1.000
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import multiprocessing as mp
@@ -264,8 +265,11 @@ def _scores(jobs: list[tuple[str, int, int]]) -> list[tuple[float, float]]:
     missing = [j for j in dict.fromkeys(jobs) if j not in _SCORES]
     workers = min(len(missing), _cores())
     if workers > 1 and workers_can_start():
-        with mp.get_context("spawn").Pool(workers) as pool:
-            done = pool.starmap(train_and_score, missing, chunksize=1)
+        # Not multiprocessing.Pool: it replaces a worker that dies at start forever (a script
+        # without a __main__ guard: each worker runs it again and fails); this pool raises.
+        ctx = mp.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            done = list(pool.map(train_and_score, *zip(*missing, strict=True)))
     else:
         done = [train_and_score(*j) for j in missing]
     _SCORES.update(zip(missing, done, strict=True))

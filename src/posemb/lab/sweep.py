@@ -612,12 +612,14 @@ def _phases(
             phase = [j for j in phase if j[0] != "lm"]
         jobs = phase[rank::world]
         workers = max(1, min(cfg.workers, len(jobs)))
+        # Each job on the threads a worker would have had: the same numbers either way.
+        threads = max(1, torch.get_num_threads() // workers)
         if workers > 1 and not workers_can_start():
             if not quiet:
-                print("posemb lab: run from standard input, so no worker process can start; "
-                      "the jobs run in this process", file=sys.stderr)  # fmt: skip
+                print("posemb lab: this program's __main__ cannot be run again (a script read "
+                      "from standard input?), so no worker process can start; the jobs run "
+                      "in this process", file=sys.stderr)  # fmt: skip
             workers = 1
-        threads = max(1, torch.get_num_threads() // workers)
         args = [(cfg, job, out, i % workers, quiet, threads) for i, job in enumerate(jobs)]
         started = time.time()
         if workers == 1:
